@@ -1,0 +1,133 @@
+"""Plugin manifests: ``plugin.toml`` in a plugin folder, decoded strictly (typos fail early).
+
+Example::
+
+    name = "textkit"
+    version = "1.2.0"
+    description = "Text statistics and regex search"
+    entry = "textkit"            # module (textkit.py or textkit/) inside the plugin folder
+    prefix = "text_"             # optional, prepended to every tool name
+    isolation = "pooled"         # or "per_call": a fresh forked process for every call
+
+    [limits]
+    timeout_s = 10
+    memory_mb = 256
+    cpu_s = 10
+    max_concurrency = 4
+    max_output_bytes = 1048576
+
+    [env]
+    allow = ["TZ"]               # variables copied from the daemon's environment
+    set = { LANG = "C.UTF-8" }   # fixed values
+
+    [permissions]
+    network = ["api.example.com:443"]
+    read = ["/usr/share/zoneinfo"]
+    write = []
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import msgspec
+
+from sandbox.wire import Limits, Permissions
+
+MANIFEST_NAME = "plugin.toml"
+_PLUGIN_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Variables a manifest can never copy in: they change how the interpreter itself behaves.
+_ENV_FORBIDDEN = re.compile(r"^(PYTHON.*|LD_.*)$")
+
+
+class EnvSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    allow: list[str] = []
+    set: dict[str, str] = {}
+
+
+class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    version: str
+    entry: str
+    description: str = ""
+    prefix: str = ""
+    isolation: str = "pooled"
+    limits: Limits = Limits()
+    env: EnvSpec = EnvSpec()
+    permissions: Permissions = Permissions()
+
+
+class ManifestError(Exception):
+    """A manifest that cannot be used; ``problems`` lists every issue found."""
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        super().__init__(f"{path}: " + "; ".join(problems))
+
+
+def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
+    """Every semantic problem with a decoded manifest (empty when it is fine)."""
+    problems: list[str] = []
+    if not _PLUGIN_NAME.match(m.name):
+        problems.append(f"name {m.name!r}: use 1-64 chars of lowercase letters, digits, '_', '.', '-'")
+    if not _ENTRY.match(m.entry):
+        problems.append(f"entry {m.entry!r} is not a module name")
+    else:
+        top = m.entry.split(".")[0]
+        if not ((plugin_dir / f"{top}.py").is_file() or (plugin_dir / top).is_dir()):
+            problems.append(f"entry module {m.entry!r} not found in {plugin_dir}")
+    if m.prefix and not re.match(r"^[A-Za-z0-9_.-]{1,32}$", m.prefix):
+        problems.append(f"prefix {m.prefix!r}: use 1-32 chars of [A-Za-z0-9_.-]")
+    if m.isolation not in ("pooled", "per_call"):
+        problems.append(f"isolation {m.isolation!r}: must be 'pooled' or 'per_call'")
+    lim = m.limits
+    for field, value, low, high in (
+        ("timeout_s", lim.timeout_s, 0.001, 86400),
+        ("memory_mb", lim.memory_mb, 16, 1 << 20),
+        ("cpu_s", lim.cpu_s, 1, 86400),
+        ("max_concurrency", lim.max_concurrency, 1, 1024),
+        ("max_output_bytes", lim.max_output_bytes, 1024, 256 << 20),
+        ("max_open_files", lim.max_open_files, 16, 65536),
+        ("max_file_size_mb", lim.max_file_size_mb, 1, 1 << 20),
+        ("max_queue", lim.max_queue, 0, 1 << 20),
+    ):
+        if not (low <= value <= high):
+            problems.append(f"limits.{field} = {value}: must be between {low} and {high}")
+    for var in list(m.env.allow) + list(m.env.set):
+        if not _ENV_NAME.match(var):
+            problems.append(f"env: {var!r} is not a variable name")
+        elif _ENV_FORBIDDEN.match(var):
+            problems.append(f"env: {var!r} may not be passed to a plugin")
+    for entry in m.permissions.network:
+        host, _, port = entry.rpartition(":")
+        if not host or not port.isdigit() or not (0 < int(port) < 65536):
+            problems.append(f"permissions.network {entry!r}: use host:port")
+    for kind, paths in (("read", m.permissions.read), ("write", m.permissions.write)):
+        for p in paths:
+            if not p.startswith("/"):
+                problems.append(f"permissions.{kind} {p!r}: must be an absolute path")
+    return problems
+
+
+def load_manifest(plugin_dir: Path) -> Manifest:
+    """Read and check ``plugin.toml``; raises ``ManifestError`` listing every problem."""
+    path = plugin_dir / MANIFEST_NAME
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(path, [f"no {MANIFEST_NAME} in {plugin_dir}"]) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(path, [f"not valid TOML: {exc}"]) from None
+    try:
+        manifest = msgspec.convert(raw, Manifest)
+    except msgspec.ValidationError as exc:
+        raise ManifestError(path, [str(exc)]) from None
+    problems = check_manifest(manifest, plugin_dir)
+    if problems:
+        raise ManifestError(path, problems)
+    return manifest

@@ -1,0 +1,179 @@
+"""Daemon <-> worker frames: length-prefixed msgpack, tagged-union Structs.
+
+Both sides import this module; it must stay free of trio (and of anything slow to import).
+
+Framing: a 4-byte big-endian unsigned length, then that many bytes of msgpack. The channel is a
+dedicated ``AF_UNIX`` stream socket (never the plugin's stdout), passed to the worker as an fd.
+
+Conversation:
+
+1. daemon -> worker: one ``Init`` frame (configuration travels over the fd, never argv or env).
+2. worker -> daemon: ``Ready`` (tools it found, isolation layers it actually applied) or ``LoadFailed``.
+3. daemon -> worker: ``Call`` frames; the worker runs one call at a time and answers each with zero or
+   more ``Progress`` / ``Log`` frames followed by exactly one ``Result``.
+4. daemon -> worker: ``Shutdown`` (or the daemon simply kills it).
+
+Frames from a worker are untrusted: the daemon decodes them with a size cap and strict types and
+treats anything else as the plugin misbehaving.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Union
+
+import msgspec
+
+HEADER = struct.Struct(">I")
+#: Largest frame either side accepts. Results are additionally capped per plugin.
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+
+class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Per-plugin resource limits (also the ``[limits]`` table of a manifest)."""
+
+    timeout_s: float = 30.0
+    memory_mb: int = 512
+    cpu_s: int = 60
+    max_concurrency: int = 4
+    max_output_bytes: int = 1024 * 1024
+    max_open_files: int = 256
+    max_file_size_mb: int = 64
+    max_queue: int = 256
+
+
+class Permissions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a plugin asked for in its manifest. Everything is denied unless listed."""
+
+    #: ``host:port`` entries the plugin may connect to (through the daemon's egress proxy).
+    network: list[str] = []
+    #: Extra paths readable by the plugin.
+    read: list[str] = []
+    #: Extra paths readable and writable by the plugin.
+    write: list[str] = []
+
+
+class Init(msgspec.Struct, tag="init", frozen=True):
+    """First frame to a worker: everything it needs to isolate itself and load the plugin."""
+
+    plugin_name: str
+    plugin_dir: str
+    entry: str
+    sys_path: list[str]
+    env: dict[str, str]
+    limits: Limits
+    permissions: Permissions
+    #: Isolation policy profile: "strict", "compat" or "none".
+    policy: str = "none"
+    #: Scratch directory the worker uses as its cwd (created by the daemon).
+    scratch_dir: str = ""
+    #: Isolation mode: "pooled" or "per_call" (zygote forks a child per call).
+    mode: str = "pooled"
+    #: Only list tools, then exit (used by ``toolcell check`` / ``list``).
+    describe_only: bool = False
+
+
+class Call(msgspec.Struct, tag="call", frozen=True, array_like=True):
+    id: int
+    tool: str
+    arguments: dict[str, Any]
+    #: True when the client asked for progress (sent a progressToken).
+    progress: bool = False
+    #: Minimum syslog severity (0 = debug ... 7 = emergency) the client wants, or -1 for none.
+    log_level: int = -1
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
+    pass
+
+
+ToWorker = Union[Init, Call, Shutdown]
+
+
+class ToolSpec(msgspec.Struct, frozen=True):
+    """A tool definition as the plugin declared it (untrusted until the daemon checks it)."""
+
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = {}
+    output_schema: Union[dict[str, Any], None] = None
+    title: Union[str, None] = None
+    annotations: Union[dict[str, Any], None] = None
+    icons: Union[list[dict[str, Any]], None] = None
+    meta: Union[dict[str, Any], None] = None
+
+
+class Ready(msgspec.Struct, tag="ready", frozen=True):
+    pid: int
+    tools: list[ToolSpec]
+    #: Isolation layers the worker actually applied, before importing plugin code.
+    layers: list[str] = []
+    #: Layers the policy wanted but the machine could not provide (compat profile only).
+    missing: list[str] = []
+
+
+class LoadFailed(msgspec.Struct, tag="load_failed", frozen=True):
+    error: str
+    #: Where it failed: "isolation", "import", "definition".
+    stage: str = "import"
+
+
+class Progress(msgspec.Struct, tag="progress", frozen=True, array_like=True):
+    id: int
+    progress: float
+    total: Union[float, None] = None
+    message: Union[str, None] = None
+
+
+class Log(msgspec.Struct, tag="log", frozen=True, array_like=True):
+    id: int
+    level: int
+    data: Any
+    logger: Union[str, None] = None
+
+
+class Result(msgspec.Struct, tag="result", frozen=True, array_like=True):
+    id: int
+    content: list[dict[str, Any]]
+    structured: Any = None
+    has_structured: bool = False
+    is_error: bool = False
+    #: For an error raised by the tool: the traceback, for the daemon log only (never the client).
+    traceback: Union[str, None] = None
+
+
+FromWorker = Union[Ready, LoadFailed, Progress, Log, Result]
+
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+
+_encoder = msgspec.msgpack.Encoder()
+to_worker_decoder = msgspec.msgpack.Decoder(ToWorker)
+from_worker_decoder = msgspec.msgpack.Decoder(FromWorker)
+
+
+def encode_frame(msg: Any) -> bytes:
+    """Encode one frame, length prefix included."""
+    body = _encoder.encode(msg)
+    return HEADER.pack(len(body)) + body
+
+
+def split_frames(buf: bytearray, max_frame: int = MAX_FRAME_BYTES) -> list[bytes]:
+    """Remove and return every complete frame body at the front of ``buf``.
+
+    Raises ``ValueError`` for a frame longer than ``max_frame`` (the peer is broken or hostile).
+    """
+    out: list[bytes] = []
+    pos = 0
+    n = len(buf)
+    while n - pos >= 4:
+        (length,) = HEADER.unpack_from(buf, pos)
+        if length > max_frame:
+            raise ValueError(f"frame of {length} bytes exceeds the {max_frame}-byte cap")
+        end = pos + 4 + length
+        if end > n:
+            break
+        out.append(bytes(buf[pos + 4 : end]))
+        pos = end
+    if pos:
+        del buf[:pos]
+    return out

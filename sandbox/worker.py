@@ -1,0 +1,200 @@
+"""The worker process: isolate itself, import one plugin, then serve calls over the IPC fd.
+
+Started by the daemon as ``python -I -S -c <bootstrap>`` with the IPC socket on fd 3. The order
+matters and is the point of this module:
+
+1. read the ``Init`` frame (configuration never travels in argv or the environment);
+2. apply the isolation layers the policy asks for (``sandbox.isolation``) -- before any plugin
+   code is imported, so the plugin never runs un-isolated;
+3. import the plugin's entry module, collect its ``@tool`` definitions, report ``Ready`` with
+   the layers actually applied (the daemon compares them with the policy);
+4. serve ``Call`` frames one at a time, in this single thread.
+
+Never imports trio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import socket
+import sys
+import traceback
+from typing import Any
+
+import msgspec
+
+from sandbox import api
+from sandbox.wire import (
+    Call,
+    Init,
+    LoadFailed,
+    Ready,
+    Result,
+    Shutdown,
+    ToolSpec,
+    encode_frame,
+    split_frames,
+    to_worker_decoder,
+)
+
+IPC_FD = 3
+_json = msgspec.json.Encoder()
+
+
+class Channel:
+    """Blocking frame I/O over the IPC socket."""
+
+    def __init__(self, fd: int) -> None:
+        self.sock = socket.socket(fileno=fd)
+        self.buf = bytearray()
+        self.pending: list[bytes] = []
+
+    def send(self, msg: Any) -> None:
+        self.sock.sendall(encode_frame(msg))
+
+    def recv_frames(self) -> list[bytes]:
+        while True:
+            frames = split_frames(self.buf)
+            if frames:
+                return frames
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise EOFError
+            self.buf += chunk
+
+
+def _tool_specs(tools: list[api.ToolDef]) -> list[ToolSpec]:
+    return [
+        ToolSpec(
+            name=t.name,
+            description=t.description,
+            input_schema=t.input_schema,
+            output_schema=t.output_schema,
+            title=t.title,
+            annotations=t.annotations,
+            icons=t.icons,
+            meta=t.meta,
+        )
+        for t in tools
+    ]
+
+
+def load_plugin(init: Init) -> list[api.ToolDef]:
+    """Import the plugin's entry module from its folder and return the tools it registered."""
+    if init.plugin_dir not in sys.path:
+        sys.path.insert(0, init.plugin_dir)
+    api.TOOLS.clear()
+    importlib.import_module(init.entry)
+    return list(api.TOOLS)
+
+
+def _to_content(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"type": "text", "text": value}]
+    if isinstance(value, dict) and "type" in value:
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (dict, str)) for v in value):
+        return [v if isinstance(v, dict) else {"type": "text", "text": v} for v in value]
+    return [{"type": "text", "text": _json.encode(value).decode()}]
+
+
+def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any) -> Result:
+    """Run one call and build its result. Never raises."""
+    tdef = tools.get(call.tool)
+    if tdef is None:
+        return Result(call.id, [{"type": "text", "text": f"Unknown tool: {call.tool}"}], is_error=True)
+    api._set_current(api.CallContext(call.id, send, call.progress, call.log_level))
+    try:
+        if tdef.args_type is not None:
+            try:
+                args = msgspec.convert(call.arguments, tdef.args_type, strict=False)
+            except msgspec.ValidationError as exc:
+                return Result(call.id, [{"type": "text", "text": f"Invalid arguments: {exc}"}], is_error=True)
+            kwargs = {f: getattr(args, f) for f in args.__struct_fields__}
+        else:
+            kwargs = dict(call.arguments)
+        value = tdef.fn(**kwargs)
+        if tdef.is_async:
+            value = asyncio.run(value)
+        if isinstance(value, api.ToolResult):
+            structured = msgspec.to_builtins(value.structured) if value.has_structured else None
+            return Result(call.id, _to_content(value.content), structured, value.has_structured, value.is_error)
+        if tdef.structured:
+            structured = msgspec.to_builtins(value)
+            if tdef.wrap_result:
+                structured = {"result": structured}
+            return Result(call.id, [{"type": "text", "text": _json.encode(structured).decode()}], structured, True)
+        return Result(call.id, _to_content(value))
+    except api.ToolError as exc:
+        return Result(call.id, [{"type": "text", "text": str(exc) or type(exc).__name__}], is_error=True)
+    except Exception as exc:  # the plugin's fault: report the message, keep the traceback for the log
+        message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return Result(
+            call.id, [{"type": "text", "text": message}], is_error=True, traceback=traceback.format_exc(limit=20)
+        )
+    finally:
+        api._set_current(None)
+
+
+def serve(chan: Channel, tools: dict[str, api.ToolDef]) -> None:
+    while True:
+        try:
+            frames = chan.recv_frames()
+        except EOFError:
+            return
+        out: list[bytes] = []
+        for raw in frames:
+            msg = to_worker_decoder.decode(raw)
+            if isinstance(msg, Shutdown):
+                if out:
+                    chan.sock.sendall(b"".join(out))
+                return
+            if isinstance(msg, Call):
+                # Progress/log frames must go out before the result: flush what we hold first.
+                def send(m: Any, _out: list[bytes] = out) -> None:
+                    if _out:
+                        chan.sock.sendall(b"".join(_out))
+                        _out.clear()
+                    chan.send(m)
+
+                out.append(encode_frame(run_call(tools, msg, send)))
+        if out:
+            chan.sock.sendall(b"".join(out))
+
+
+def main(fd: int = IPC_FD) -> None:
+    chan = Channel(fd)
+    init = to_worker_decoder.decode(chan.recv_frames()[0])
+    if not isinstance(init, Init):
+        raise SystemExit("toolcell worker: first frame was not Init")
+    sys.path[:0] = [p for p in init.sys_path if p not in sys.path]
+    try:
+        from sandbox import isolation
+
+        layers, missing = isolation.apply(init)
+    except Exception as exc:
+        chan.send(LoadFailed(f"isolation failed: {type(exc).__name__}: {exc}", stage="isolation"))
+        return
+    try:
+        defs = load_plugin(init)
+    except BaseException as exc:  # SystemExit from a plugin's import is a load failure too
+        chan.send(LoadFailed("".join(traceback.format_exception_only(type(exc), exc)).strip(), stage="import"))
+        return
+    chan.send(Ready(os.getpid(), _tool_specs(defs), layers=layers, missing=missing))
+    if init.describe_only:
+        return
+    tools = {t.name: t for t in defs}
+    if init.mode == "per_call":
+        from sandbox import zygote
+
+        zygote.serve(chan, tools, init)
+    else:
+        serve(chan, tools)
+
+
+if __name__ == "__main__":
+    main()
