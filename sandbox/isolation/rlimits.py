@@ -1,0 +1,32 @@
+"""Resource limits: per-process backstops; the cgroup layer does the real memory and pids accounting."""
+
+from __future__ import annotations
+
+import resource
+
+from sandbox.wire import Limits
+
+#: Processes (and threads) a worker may have: cgroup ``pids.max`` and, for a non-root uid, NPROC.
+PIDS_MAX = 64
+#: RLIMIT_AS counts virtual memory (arenas, thread stacks, mapped libraries): keep it a loose backstop.
+AS_SLACK_MB = 512
+
+
+def _cap(which: int, value: int) -> None:
+    soft, hard = resource.getrlimit(which)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+def apply(limits: Limits) -> None:
+    _cap(resource.RLIMIT_CORE, 0)
+    _cap(resource.RLIMIT_NOFILE, limits.max_open_files)
+    _cap(resource.RLIMIT_FSIZE, limits.max_file_size_mb * 1024 * 1024)
+    _cap(resource.RLIMIT_CPU, limits.cpu_s)
+    _cap(resource.RLIMIT_AS, (max(limits.memory_mb, 64) + AS_SLACK_MB) * 1024 * 1024)
+
+
+def apply_nproc(pids_max: int = PIDS_MAX) -> None:
+    """RLIMIT_NPROC: counted per real uid, ignored for uid 0 (trap 1), so only after the identity switch."""
+    _cap(resource.RLIMIT_NPROC, pids_max)
