@@ -53,7 +53,7 @@ class Permissions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     write: list[str] = []
 
 
-class Init(msgspec.Struct, tag="init", frozen=True):
+class Init(msgspec.Struct, tag="init", frozen=True, array_like=True):
     """First frame to a worker: everything it needs to isolate itself and load the plugin."""
 
     plugin_name: str
@@ -83,7 +83,7 @@ class Call(msgspec.Struct, tag="call", frozen=True, array_like=True):
     log_level: int = -1
 
 
-class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
+class Shutdown(msgspec.Struct, tag="shutdown", frozen=True, array_like=True):
     pass
 
 
@@ -103,7 +103,7 @@ class ToolSpec(msgspec.Struct, frozen=True):
     meta: Union[dict[str, Any], None] = None
 
 
-class Ready(msgspec.Struct, tag="ready", frozen=True):
+class Ready(msgspec.Struct, tag="ready", frozen=True, array_like=True):
     pid: int
     tools: list[ToolSpec]
     #: Isolation layers the worker actually applied, before importing plugin code.
@@ -112,7 +112,7 @@ class Ready(msgspec.Struct, tag="ready", frozen=True):
     missing: list[str] = []
 
 
-class LoadFailed(msgspec.Struct, tag="load_failed", frozen=True):
+class LoadFailed(msgspec.Struct, tag="load_failed", frozen=True, array_like=True):
     error: str
     #: Where it failed: "isolation", "import", "definition".
     stage: str = "import"

@@ -1,0 +1,237 @@
+"""The ``toolcell`` command line: serve, list, call, check, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import trio
+
+from runtime import __version__, logs
+from runtime.config import Config, ConfigError, load_config
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML config file")
+    p.add_argument("--plugins", action="append", metavar="DIR",
+                   help="plugin folder (a plugin, or a folder of plugins); repeatable; default: the bundled plugins")
+    p.add_argument("--policy", choices=["strict", "compat", "none"], help="isolation policy (default strict)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def _config(args: argparse.Namespace, **extra: Any) -> Config:
+    overrides = {"plugins": args.plugins, "policy": args.policy, "log_level": args.log_level, **extra}
+    return load_config(args.config, overrides)
+
+
+def table(rows: list[list[str]], headers: list[str]) -> str:
+    """A plain-text table sized to the terminal (long cells are cut with an ellipsis)."""
+    width = shutil.get_terminal_size((120, 20)).columns
+    cols = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    budget = max(20, width - 2 * (len(cols) - 1) - sum(cols[:-1]))
+    cols[-1] = min(cols[-1], budget)
+
+    def cut(text: str, n: int) -> str:
+        text = text.replace("\n", " ")
+        return text if len(text) <= n else text[: max(0, n - 1)] + "…"
+
+    lines = ["  ".join(h.ljust(cols[i]) for i, h in enumerate(headers)).rstrip(),
+             "  ".join("-" * c for c in cols)]
+    for r in rows:
+        lines.append("  ".join(cut(c, cols[i]).ljust(cols[i]) for i, c in enumerate(r)).rstrip())
+    return "\n".join(lines)
+
+
+# -- serve ---------------------------------------------------------------------------------------
+
+
+async def _serve(cfg: Config, args: argparse.Namespace) -> None:
+    from runtime.daemon import open_daemon
+    from runtime.transports.stdio import serve_stdio
+
+    async with open_daemon(cfg) as daemon:
+        logs.log("serving", transport="stdio", tools=len(daemon.catalog), plugins=len(daemon.plugins),
+                 refused=len(daemon.failed), policy=cfg.policy)
+        await serve_stdio(daemon)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg = _config(args, page_size=args.page_size)
+    logs.configure(cfg.log_level)
+    if not args.stdio:
+        print("toolcell serve: choose a transport: --stdio", file=sys.stderr)
+        return 2
+    trio.run(_serve, cfg, args)
+    return 0
+
+
+# -- list / check / call ---------------------------------------------------------------------------
+
+
+async def _describe(cfg: Config) -> Any:
+    from runtime.daemon import open_daemon
+
+    async with open_daemon(cfg, describe_only=True) as daemon:
+        return daemon
+
+
+def _permissions(plugin: Any) -> str:
+    if plugin.manifest is None:
+        return "-"
+    p = plugin.manifest.permissions
+    parts = [f"net:{','.join(p.network)}" if p.network else "net:none"]
+    if p.read:
+        parts.append(f"read:{','.join(p.read)}")
+    if p.write:
+        parts.append(f"write:{','.join(p.write)}")
+    return " ".join(parts)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    logs.configure("error")
+    daemon = trio.run(_describe, cfg)
+    if args.json:
+        out = [{"name": e.name, "plugin": e.plugin, "description": e.checked.spec.description}
+               for e in daemon.catalog.entries]
+        print(json.dumps(out, indent=2))
+        return 0
+    rows = [[e.name, e.plugin, e.checked.spec.description.split("\n")[0]] for e in daemon.catalog.entries]
+    print(table(rows, ["TOOL", "PLUGIN", "DESCRIPTION"]))
+    print()
+    plugins = sorted(list(daemon.plugins.values()) + daemon.failed, key=lambda p: p.name)
+    prow = []
+    for p in plugins:
+        status = "ok" if p.ok else "refused"
+        if p.conflicts:
+            status += f" ({len(p.conflicts)} conflicts)"
+        version = p.manifest.version if p.manifest else "?"
+        prow.append([p.name, version, status, str(len(p.entries)), p.manifest.isolation if p.manifest else "-",
+                     _permissions(p)])
+    print(table(prow, ["PLUGIN", "VERSION", "STATUS", "TOOLS", "MODE", "PERMISSIONS"]))
+    for p in plugins:
+        for problem in p.problems + p.conflicts:
+            print(f"  {p.name}: {problem}", file=sys.stderr)
+    return 0 if not daemon.failed else 1
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    cfg = _config(args, plugins=[args.plugin_dir])
+    logs.configure("error")
+    daemon = trio.run(_describe, cfg)
+    plugins = list(daemon.plugins.values()) + daemon.failed
+    if not plugins:
+        print(f"{args.plugin_dir}: no plugin found (expected a plugin.toml)")
+        return 1
+    bad = 0
+    for p in plugins:
+        if p.ok:
+            print(f"{p.name} {p.manifest.version if p.manifest else ''}: ok, {len(p.entries)} tools "
+                  f"(layers: {', '.join(p.layers) or 'none'}; permissions: {_permissions(p)})")
+            for e in p.entries:
+                print(f"  {e.name}")
+        else:
+            bad += 1
+            print(f"{p.name}: {len(p.problems)} problem(s)")
+            for problem in p.problems:
+                print(f"  - {problem}")
+    return 1 if bad else 0
+
+
+async def _call(cfg: Config, name: str, arguments: Any) -> tuple[int, Any]:
+    from runtime.daemon import open_daemon
+    from runtime.protocol.core import ConnState, Reply, ToolCall
+
+    async with open_daemon(cfg) as daemon:
+        state = ConnState()
+        core = daemon.core
+        core.receive(state, json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "toolcell-cli", "version": __version__}}}).encode())
+        request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                   "params": {"name": name, "arguments": arguments, "_meta": {"progressToken": "cli"}}}
+        action = core.receive(state, json.dumps(request).encode())
+
+        def emit(data: bytes) -> None:
+            print(data.decode(), file=sys.stderr)
+
+        if isinstance(action, ToolCall):
+            data = await daemon.execute(action, emit)
+        else:
+            assert isinstance(action, Reply) and action.data is not None
+            data = action.data
+        msg = json.loads(data)
+        if "error" in msg:
+            return 2, msg["error"]
+        return (1 if msg["result"].get("isError") else 0), msg["result"]
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    logs.configure(cfg.log_level if args.log_level else "warning")
+    try:
+        arguments = json.loads(args.arguments) if args.arguments else {}
+    except json.JSONDecodeError as exc:
+        print(f"toolcell call: arguments are not valid JSON: {exc}", file=sys.stderr)
+        return 2
+    code, result = trio.run(_call, cfg, args.name, arguments)
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+    return code
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    try:
+        from runtime import doctor
+    except ImportError:
+        print("toolcell doctor: not available in this build", file=sys.stderr)
+        return 2
+    return int(doctor.main(args.rest))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="toolcell", description="MCP tools daemon: every call in an isolated worker")
+    parser.add_argument("--version", action="version", version=f"toolcell {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="serve MCP clients")
+    _add_common(p)
+    p.add_argument("--stdio", action="store_true", help="serve one client on stdin/stdout")
+    p.add_argument("--page-size", type=int, help="tools per tools/list page")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("list", help="list the tools a plugin folder provides")
+    _add_common(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("call", help="run one tool through a real worker and print the result")
+    _add_common(p)
+    p.add_argument("name")
+    p.add_argument("arguments", nargs="?", default="{}", help="JSON object of arguments")
+    p.set_defaults(func=cmd_call)
+
+    p = sub.add_parser("check", help="validate a plugin and report every problem")
+    _add_common(p)
+    p.add_argument("plugin_dir")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("doctor", help="probe which isolation layers this machine supports")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_doctor)
+
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"toolcell: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Protocol revisions: which exist, what each one's wire shapes contain.
+
+Legacy revisions use the ``initialize`` handshake; the modern one (2026-07-28) is stateless.
+Shapes are chosen by the revision in force so that no client ever receives a field its revision
+does not define (``title``, ``outputSchema``, ``structuredContent``, ``icons``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+V2024_11_05 = "2024-11-05"
+V2025_03_26 = "2025-03-26"
+V2025_06_18 = "2025-06-18"
+V2025_11_25 = "2025-11-25"
+V2026_07_28 = "2026-07-28"
+
+LEGACY_VERSIONS = (V2024_11_05, V2025_03_26, V2025_06_18, V2025_11_25)
+MODERN_VERSIONS = (V2026_07_28,)
+ALL_VERSIONS = LEGACY_VERSIONS + MODERN_VERSIONS
+LATEST_LEGACY = V2025_11_25
+LATEST = V2026_07_28
+
+META_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CLIENT_CAPS = "io.modelcontextprotocol/clientCapabilities"
+META_CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
+META_LOG_LEVEL = "io.modelcontextprotocol/logLevel"
+META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+META_SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+
+
+def rank(version: str) -> int:
+    return ALL_VERSIONS.index(version)
+
+
+def is_modern(version: str) -> bool:
+    return version in MODERN_VERSIONS
+
+
+def negotiate_legacy(requested: Any) -> str:
+    """The legacy version to answer an ``initialize`` with."""
+    if isinstance(requested, str) and requested in LEGACY_VERSIONS:
+        return requested
+    return LATEST_LEGACY
+
+
+# Tool fields each revision defines (beyond name/description/inputSchema).
+_TOOL_FIELDS: dict[str, tuple[str, ...]] = {
+    V2024_11_05: (),
+    V2025_03_26: ("annotations",),
+    V2025_06_18: ("annotations", "title", "outputSchema", "_meta"),
+    V2025_11_25: ("annotations", "title", "outputSchema", "_meta", "icons"),
+    V2026_07_28: ("annotations", "title", "outputSchema", "_meta", "icons"),
+}
+
+#: Revisions whose tool/result shapes are identical share one pre-encoded page cache.
+SHAPE_OF = {v: v for v in ALL_VERSIONS}
+
+
+def tool_fields(version: str) -> tuple[str, ...]:
+    return _TOOL_FIELDS[version]
+
+
+def has_structured_content(version: str) -> bool:
+    return rank(version) >= rank(V2025_06_18)
+
+
+def validation_error_as_result(version: str) -> bool:
+    """SEP-1303: from 2025-11-25 argument-validation failures are ``isError`` results."""
+    return rank(version) >= rank(V2025_11_25)
+
+
+def has_progress_message(version: str) -> bool:
+    return rank(version) >= rank(V2025_03_26)
+
+
+def supports_batches(version: str) -> bool:
+    return version == V2025_03_26
+
+
+def omit_unknown_error_id(version: str | None) -> bool:
+    """From 2025-11-25 an error whose id could not be read omits ``id`` (older ones send null)."""
+    return version is not None and rank(version) >= rank(V2025_11_25)
+
+
+_CONTENT_TYPES: dict[str, frozenset[str]] = {
+    V2024_11_05: frozenset({"text", "image", "resource"}),
+    V2025_03_26: frozenset({"text", "image", "audio", "resource"}),
+    V2025_06_18: frozenset({"text", "image", "audio", "resource", "resource_link"}),
+    V2025_11_25: frozenset({"text", "image", "audio", "resource", "resource_link"}),
+    V2026_07_28: frozenset({"text", "image", "audio", "resource", "resource_link"}),
+}
+
+
+def shape_content(version: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Adapt checked content items to what ``version`` can carry."""
+    allowed = _CONTENT_TYPES[version]
+    out: list[dict[str, Any]] = []
+    for item in items:
+        kind = item["type"]
+        if kind in allowed:
+            if version == V2024_11_05 or version == V2025_03_26:
+                ann = item.get("annotations")
+                if ann and "lastModified" in ann:
+                    item = dict(item)
+                    item["annotations"] = {k: v for k, v in ann.items() if k != "lastModified"}
+                    if not item["annotations"]:
+                        del item["annotations"]
+                if "_meta" in item:
+                    item = {k: v for k, v in item.items() if k != "_meta"}
+            out.append(item)
+        elif kind == "resource_link":
+            label = item.get("title") or item["name"]
+            out.append({"type": "text", "text": f"[{label}]({item['uri']})"})
+        else:
+            mime = item.get("mimeType", "")
+            out.append({"type": "text", "text": f"[{kind} content ({mime}) omitted: protocol {version} cannot carry it]"})
+    return out
+
+
+def server_capabilities() -> dict[str, Any]:
+    return {"tools": {"listChanged": True}, "logging": {}}

@@ -1,0 +1,121 @@
+"""Running the actions of one client connection (stdio, or a legacy HTTP session's messages).
+
+The protocol core decides *what* to do; a ``Session`` does it with trio: each tool call in its own
+task under its own cancel scope (so a slow call never holds up a fast one), cancellations by
+request id, listen subscriptions, 2025-03-26 batches answered as one array once every member is
+done. After a cancellation nothing more is sent for that request.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import trio
+
+from runtime.daemon import Daemon
+from runtime.protocol.core import Batch, Cancel, ConnState, Listen, Reply, ToolCall
+
+
+class Session:
+    def __init__(self, daemon: Daemon, state: ConnState, emit: Callable[[bytes], None], nursery: trio.Nursery,
+                 principal: str | None = None, catalog_view: Callable[[], Any] | None = None) -> None:
+        self.daemon = daemon
+        self.core = daemon.core
+        self.state = state
+        self.emit = emit
+        self.nursery = nursery
+        self.principal = principal
+        self.catalog_view = catalog_view
+        self.inflight: dict[Any, trio.CancelScope] = {}
+        self.listens: dict[Any, Listen] = {}
+        self._idle = trio.Event()
+        self._idle.set()
+        self._unsubscribe = daemon.subscribe(self._on_catalog_change)
+
+    def close(self) -> None:
+        self._unsubscribe()
+        for scope in self.inflight.values():
+            scope.cancel()
+
+    def receive(self, data: bytes | memoryview) -> None:
+        catalog = self.catalog_view() if self.catalog_view is not None else None
+        self.dispatch(self.core.receive(self.state, data, catalog))
+
+    def dispatch(self, action: Any) -> None:
+        if type(action) is ToolCall:
+            self._start_call(action)
+        elif type(action) is Reply:
+            if action.data is not None:
+                self.emit(action.data)
+        elif type(action) is Cancel:
+            self._cancel(action.request_id)
+        elif type(action) is Listen:
+            self.listens[action.request_id] = action
+            self.emit(self.core.subscription_ack(action))
+        elif type(action) is Batch:
+            self.nursery.start_soon(self._run_batch, action)
+
+    def _start_call(self, call: ToolCall) -> None:
+        scope = trio.CancelScope()
+        if call.request_id in self.inflight:
+            # A duplicate in-flight id is the client's bug; answer it without disturbing the other.
+            self.emit(self.core.call_error(call, -32600, "Invalid Request: a request with this id is already in progress"))
+            return
+        self.inflight[call.request_id] = scope
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        self.nursery.start_soon(self._run_call, call, scope)
+
+    async def _run_call(self, call: ToolCall, scope: trio.CancelScope) -> None:
+        emit = self.emit
+
+        def emit_live(data: bytes) -> None:
+            if not scope.cancel_called:
+                emit(data)
+
+        try:
+            with scope:
+                data = await self.daemon.execute(call, emit_live, self.principal)
+                if not scope.cancel_called:
+                    emit(data)
+        finally:
+            self.inflight.pop(call.request_id, None)
+            if not self.inflight:
+                self._idle.set()
+
+    def _cancel(self, request_id: Any) -> None:
+        scope = self.inflight.get(request_id)
+        if scope is not None:
+            scope.cancel()
+            return
+        listen = self.listens.pop(request_id, None)
+        if listen is not None:
+            self.emit(self.core.subscription_end(listen))
+
+    async def _run_batch(self, batch: Batch) -> None:
+        replies: list[bytes | None] = [None] * len(batch.actions)
+
+        async def run(i: int, call: ToolCall) -> None:
+            replies[i] = await self.daemon.execute(call, self.emit, self.principal)
+
+        async with trio.open_nursery() as n:
+            for i, action in enumerate(batch.actions):
+                if type(action) is ToolCall:
+                    n.start_soon(run, i, action)
+                elif type(action) is Reply:
+                    replies[i] = action.data
+                elif type(action) is Cancel:
+                    self._cancel(action.request_id)
+        parts = [r for r in replies if r is not None]
+        if parts:
+            self.emit(b"[" + b",".join(parts) + b"]")
+
+    def _on_catalog_change(self) -> None:
+        if self.state.legacy_version is not None:
+            self.emit(self.core.list_changed())
+        for listen in self.listens.values():
+            if listen.tools_list_changed:
+                self.emit(self.core.subscription_list_changed(listen))
+
+    async def wait_idle(self) -> None:
+        while self.inflight:
+            await self._idle.wait()

@@ -1,0 +1,1 @@
+"""Thin trio adapters between byte streams and the sans-io protocol core."""

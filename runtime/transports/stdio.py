@@ -1,0 +1,110 @@
+"""stdio transport: newline-delimited JSON-RPC on stdin/stdout; logs go to stderr only.
+
+Reads in large chunks and splits lines itself (a line longer than ``max_message_bytes`` is
+refused with a clear error and skipped to its end); writes everything queued since the last
+write in one ``send_all`` so that many concurrent responses cost one syscall. On stdin EOF it
+lets in-flight calls finish, flushes, and returns.
+"""
+
+from __future__ import annotations
+
+import os
+
+import trio
+
+from runtime.daemon import Daemon
+from runtime.protocol import jsonrpc as rpc
+from runtime.protocol.core import ConnState
+from runtime.session import Session
+
+
+class _Writer:
+    def __init__(self, stream: trio.abc.SendStream) -> None:
+        self.stream = stream
+        self.pending: list[bytes] = []
+        self.wake = trio.Event()
+        self.broken = False
+
+    def emit(self, data: bytes) -> None:
+        if self.broken:
+            return
+        self.pending.append(data)
+        self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake = trio.Event()
+            await self.flush()
+
+    async def flush(self) -> None:
+        while self.pending and not self.broken:
+            chunk = b"\n".join(self.pending) + b"\n"
+            self.pending.clear()
+            try:
+                await self.stream.send_all(chunk)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                self.broken = True
+
+
+async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = None,
+                      stdout: trio.abc.SendStream | None = None) -> None:
+    """Serve one client on stdin/stdout until stdin reaches EOF."""
+    if stdin is None:
+        stdin = trio.lowlevel.FdStream(os.dup(0))
+    if stdout is None:
+        stdout = trio.lowlevel.FdStream(os.dup(1))
+    max_line = daemon.config.max_message_bytes
+    writer = _Writer(stdout)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.run)
+        async with trio.open_nursery() as calls:
+            session = Session(daemon, ConnState(), writer.emit, calls)
+            buf = bytearray()
+            skipping = False
+            try:
+                while True:
+                    try:
+                        chunk = await stdin.receive_some(1 << 16)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        chunk = b""
+                    if not chunk:
+                        break
+                    start = 0
+                    end = chunk.find(b"\n")
+                    while end >= 0:
+                        if skipping:
+                            skipping = False
+                        elif buf:
+                            buf += chunk[start:end]
+                            _receive_line(session, buf, max_line)
+                            buf = bytearray()
+                        else:
+                            _receive_line(session, chunk[start:end], max_line)
+                        start = end + 1
+                        end = chunk.find(b"\n", start)
+                    if not skipping:
+                        buf += chunk[start:]
+                        if len(buf) > max_line:
+                            writer.emit(rpc.error_response(b"null", rpc.INVALID_REQUEST,
+                                                           f"Message exceeds the {max_line}-byte limit and was discarded"))
+                            buf = bytearray()
+                            skipping = True
+                if buf and not skipping:
+                    _receive_line(session, buf, max_line)
+                await session.wait_idle()
+            finally:
+                session.close()
+        await writer.flush()
+        nursery.cancel_scope.cancel()
+
+
+def _receive_line(session: Session, line: bytes | bytearray, max_line: int) -> None:
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    if not line.strip():
+        return
+    if len(line) > max_line:
+        session.emit(rpc.error_response(b"null", rpc.INVALID_REQUEST, f"Message exceeds the {max_line}-byte limit"))
+        return
+    session.receive(bytes(line))
