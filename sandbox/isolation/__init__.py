@@ -65,7 +65,7 @@ def apply(init: Init) -> tuple[list[str], list[str]]:
         missing[layer] = reason
 
     scratch = os.path.realpath(init.scratch_dir) if init.scratch_dir else ""
-    hygiene.apply(scratch)
+    hygiene.apply(scratch, hygiene.find_ipc_fd())
     applied.add("hygiene")
     rlimits.apply(init.limits)
     applied.add("rlimits")

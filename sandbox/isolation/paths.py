@@ -64,7 +64,8 @@ def allowlist(init: Init) -> Allowlist:
     read = interpreter_dirs()
     read += [SANDBOX_DIR]
     read += [p for p in sys.path if _is_site_dir(p)]
-    read += list(init.sys_path)
+    # The daemon lists the repo root (an ancestor of sandbox/) in sys_path: only listable, not readable.
+    read += [p for p in init.sys_path if not is_under(SANDBOX_DIR, os.path.realpath(p))]
     read += [init.plugin_dir]
     read += list(SYSTEM_READ)
     read += list(init.permissions.read)
@@ -73,7 +74,7 @@ def allowlist(init: Init) -> Allowlist:
     read = [p for p in read if p not in write]
     covered = read + write
     list_only = [
-        p for p in _real([REPO_ROOT, *sys.path])
+        p for p in _real([REPO_ROOT, *sys.path, *init.sys_path])
         if os.path.isdir(p) and not any(p == c or p.startswith(c.rstrip("/") + "/") for c in covered)
     ]
     return Allowlist(
