@@ -1,0 +1,69 @@
+"""CPU time and resident memory of a server's whole process tree (daemon plus workers), via psutil.
+
+CPU is summed per pid between two snapshots, so workers that start during the window count
+from zero; a process that exits inside the window loses its CPU time (psutil cannot read the
+times of a dead, reaped process), which only ever under-counts.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import psutil
+
+
+class ProcMemory(msgspec.Struct):
+    """One process of the tree: its role, short command line and resident set size."""
+
+    pid: int
+    role: str  # "daemon" for the spawned process, "child" for every descendant
+    name: str
+    rss_bytes: int
+
+
+def _tree(root_pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(root_pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def cpu_snapshot(root_pid: int) -> dict[int, float]:
+    """User plus system CPU seconds of every live process in the tree, keyed by pid."""
+    out: dict[int, float] = {}
+    for proc in _tree(root_pid):
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        out[proc.pid] = times.user + times.system
+    return out
+
+
+def cpu_delta_s(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the tree spent between two snapshots."""
+    return sum(max(0.0, seconds - before.get(pid, 0.0)) for pid, seconds in after.items())
+
+
+def _short_name(proc: psutil.Process) -> str:
+    try:
+        cmdline = proc.cmdline()
+    except psutil.Error:
+        return "?"
+    words = [w for w in cmdline if not w.startswith("-")]
+    interesting = words[1:] if len(words) > 1 and "python" in words[0] else words
+    text = " ".join(interesting) or proc.name()
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def memory_snapshot(root_pid: int) -> list[ProcMemory]:
+    """RSS of the spawned process ("daemon") and of each of its descendants ("child")."""
+    out: list[ProcMemory] = []
+    for proc in _tree(root_pid):
+        try:
+            rss = proc.memory_info().rss
+        except psutil.Error:
+            continue
+        role = "daemon" if proc.pid == root_pid else "child"
+        out.append(ProcMemory(pid=proc.pid, role=role, name=_short_name(proc), rss_bytes=rss))
+    return out

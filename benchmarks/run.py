@@ -1,0 +1,185 @@
+"""Run toolcell and its peers side by side in one run, and print a comparison table.
+
+Every (concurrency, repeat) point runs each server in turn (A B A B ...), so the machine's
+noise is shared instead of landing on one server. Each run spawns a fresh server process,
+opens a session, warms up, measures for ``--seconds`` and stops the server.
+
+    python benchmarks/run.py                                   # toolcell vs the SDK, c=1,16,128, 3 x 10 s
+    python benchmarks/run.py --servers sdk --seconds 2 --repeat 1 --concurrency 1,16
+    python benchmarks/run.py --target "npx -y @modelcontextprotocol/server-everything" --tool echo \\
+        --args '{"message": "hi"}'                             # aim it at any MCP stdio server
+
+See benchmarks/README.md for what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import msgspec
+
+import report
+import targets
+from loadgen import LoadConfig, measure
+from report import Run
+from stdio_peer import ServerError
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(
+        description="Compare MCP stdio servers under load (toolcell vs its peers).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--servers",
+        default=None,
+        help="comma-separated named servers: toolcell, sdk, fastmcp, fake (default: toolcell,sdk; with --target: sdk)",
+    )
+    parser.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="[NAME=]CMD",
+        help="any MCP stdio server command to benchmark too (repeatable)",
+    )
+    parser.add_argument("--concurrency", type=_int_list, default=[1, 16, 128], help="calls in flight, e.g. 1,16,128")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per point (the median is reported)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before measuring")
+    parser.add_argument("--tool", default="echo", help="tool to call")
+    parser.add_argument("--args", default='{"text": "hello"}', help="tool arguments, a JSON object")
+    parser.add_argument(
+        "--modern",
+        action="store_true",
+        help="2026-07-28 requests with params._meta and no handshake (default: legacy initialize)",
+    )
+    parser.add_argument("--plugins", default=str(targets.BENCH_DIR / "plugins"), help="toolcell plugin directory")
+    parser.add_argument("--json", metavar="PATH", help="write environment, raw runs and summary as JSON")
+    parser.add_argument("--markdown", action="store_true", help="print the results as markdown (for RESULTS.md)")
+    args = parser.parse_args(argv)
+    if args.servers is None:
+        args.servers = "sdk" if args.target else "toolcell,sdk"
+    args.server_names = [s.strip() for s in args.servers.split(",") if s.strip() and s.strip() != "none"]
+    arguments = json.loads(args.args)
+    if not isinstance(arguments, dict):
+        parser.error("--args must be a JSON object")
+    args.arguments = arguments
+    if args.repeat < 1 or args.seconds <= 0 or not args.concurrency or min(args.concurrency) < 1:
+        parser.error("--repeat, --seconds and --concurrency must be positive")
+    return args
+
+
+def _progress(text: str, end: str = "\n") -> None:
+    print(text, end=end, file=sys.stderr, flush=True)
+
+
+def _eta(done: int, total: int, elapsed_s: float, per_run_guess_s: float) -> str:
+    per_run = elapsed_s / done if done else per_run_guess_s
+    left = int(per_run * (total - done))
+    return f"{left // 60}m{left % 60:02d}s"
+
+
+def run_all(servers: Sequence[targets.Target], args: argparse.Namespace) -> list[Run]:
+    """Run every point, interleaving servers, with a progress line per run on stderr."""
+    plan = [(c, rep, srv) for c in args.concurrency for rep in range(1, args.repeat + 1) for srv in servers]
+    runs: list[Run] = []
+    broken: set[str] = set()
+    width = max(len(s.name) for s in servers)
+    started = time.monotonic()
+    for index, (c, rep, srv) in enumerate(plan, start=1):
+        prefix = f"[{index:{len(str(len(plan)))}}/{len(plan)}] {srv.name:<{width}} c={c:<4} rep {rep}/{args.repeat}"
+        if srv.name in broken:
+            runs.append(Run(srv.name, c, rep, error="skipped: the server failed before and never succeeded"))
+            continue
+        _progress(f"{prefix} ... ", end="")
+        config = LoadConfig(
+            tool=args.tool,
+            arguments=args.arguments,
+            modern=args.modern,
+            concurrency=c,
+            seconds=args.seconds,
+            warmup_s=args.warmup,
+        )
+        try:
+            result = measure(srv.argv, config, cwd=srv.cwd)
+        except (ServerError, OSError) as exc:
+            message = str(exc).strip()
+            runs.append(Run(srv.name, c, rep, error=message))
+            if not any(r.server == srv.name and r.result for r in runs):
+                broken.add(srv.name)
+            _progress(f"FAILED: {message.splitlines()[0] if message else type(exc).__name__}")
+            if srv.name in broken:
+                _progress("    " + "\n    ".join(message.splitlines()[-12:]))
+            continue
+        runs.append(Run(srv.name, c, rep, result=result))
+        eta = _eta(index, len(plan), time.monotonic() - started, args.seconds + args.warmup + 2)
+        _progress(
+            f"{result.calls_per_s:>9,.0f} calls/s  p50 {result.p50_ms:7.3f} ms  p99 {result.p99_ms:7.2f} ms  "
+            f"err {result.errors}  cpu {result.server_cpu_us_per_call:,.0f} µs/call  (ETA {eta})"
+        )
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: resolve servers, run, print the table, optionally write JSON."""
+    args = parse_args(argv)
+    try:
+        servers = targets.resolve(args.server_names, args.target, args.plugins)
+    except ValueError as exc:
+        print(f"run.py: {exc}", file=sys.stderr)
+        return 2
+    if not servers:
+        print("run.py: nothing to run (give --servers or --target)", file=sys.stderr)
+        return 2
+    env = report.environment()
+    _progress("\n".join(report.environment_lines(env)[:3]))
+    for srv in servers:
+        _progress(f"  {srv.name}: {' '.join(srv.argv)}")
+    runs = run_all(servers, args)
+    env["loadavg_after"] = os.getloadavg()
+    names = [s.name for s in servers]
+    rows = report.summarise(runs, names, args.concurrency)
+    era = "2026-07-28 (_meta, no handshake)" if args.modern else "2025-06-18 (initialize handshake)"
+    heading = (
+        f"tools/call {args.tool} over stdio, {era}; median of {args.repeat} x {args.seconds:g} s "
+        f"after {args.warmup:g} s warm-up; spread = half the min-max range of calls/s"
+    )
+    if args.markdown:
+        print(f"{heading}\n\n{report.markdown_table(rows)}\n")
+        print("\n".join(f"- {line}" for line in report.environment_lines(env) + report.memory_lines(runs, names)))
+    else:
+        print(f"\n{heading}\n\n{report.text_table(rows)}\n")
+        print("\n".join(report.environment_lines(env) + report.memory_lines(runs, names)))
+    failures = [r for r in runs if r.error]
+    if failures:
+        print(
+            f"\n{len(failures)} run(s) failed; first: {failures[0].server} c={failures[0].concurrency}: "
+            f"{failures[0].error.splitlines()[0] if failures[0].error else ''}",
+            file=sys.stderr,
+        )
+    if args.json:
+        payload = {
+            "environment": env,
+            "config": {k: v for k, v in vars(args).items() if k not in {"server_names"}},
+            "servers": servers,
+            "runs": runs,
+            "summary": rows,
+        }
+        with open(args.json, "wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(payload)))
+        _progress(f"raw results written to {args.json}")
+    return 1 if failures and not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
