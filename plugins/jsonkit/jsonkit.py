@@ -579,6 +579,16 @@ def unflatten(
     return Unflattened(document=_wire_safe(None if root is _MISSING else root))
 
 
+def _conflict(path: str, existing: Any, new: Any, last: bool) -> ToolError:
+    def a(kind: str) -> str:
+        return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+    need = "a value" if last else a(_type_name(new))
+    return ToolError(
+        f"path {path!r} conflicts with another entry: {a(_type_name(existing))} is already there, {need} is needed"
+    )
+
+
 def _put(container: Any, seg: Segment, new: Any, last: bool, path: str) -> Any:
     """Store ``new`` under ``seg`` (or reuse an existing container there); return what is stored."""
     kind = seg[0]
@@ -589,7 +599,7 @@ def _put(container: Any, seg: Segment, new: Any, last: bool, path: str) -> Any:
         if key in container:
             existing = container[key]
             if last or not isinstance(existing, type(new)):
-                raise ToolError(f"path {path!r} conflicts with another entry")
+                raise _conflict(path, existing, new, last)
             return existing
         container[key] = new
         return new
@@ -601,7 +611,7 @@ def _put(container: Any, seg: Segment, new: Any, last: bool, path: str) -> Any:
     if index < len(container) and container[index] is not None:
         existing = container[index]
         if last or not isinstance(existing, type(new)):
-            raise ToolError(f"path {path!r} conflicts with another entry")
+            raise _conflict(path, existing, new, last)
         return existing
     container.extend([None] * (index + 1 - len(container)))
     container[index] = new
