@@ -7,6 +7,8 @@ times of a dead, reaped process), which only ever under-counts.
 
 from __future__ import annotations
 
+import os
+
 import msgspec
 import psutil
 
@@ -50,9 +52,14 @@ def _short_name(proc: psutil.Process) -> str:
         cmdline = proc.cmdline()
     except psutil.Error:
         return "?"
-    words = [w for w in cmdline if not w.startswith("-")]
-    interesting = words[1:] if len(words) > 1 and "python" in words[0] else words
-    text = " ".join(interesting) or proc.name()
+    if not cmdline:
+        return proc.name()
+    if "-c" in cmdline[1:-1]:  # inline code is long and says little: name the interpreter only
+        text = f"{os.path.basename(cmdline[0])} -c ..."
+    elif "python" in os.path.basename(cmdline[0]) and len(cmdline) > 1:
+        text = " ".join(os.path.basename(w) if i == 0 else w for i, w in enumerate(cmdline[1:]))
+    else:
+        text = " ".join(cmdline)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
