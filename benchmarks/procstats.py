@@ -1,8 +1,11 @@
 """CPU time and resident memory of a server's whole process tree (daemon plus workers), via psutil.
 
-CPU is summed per pid between two snapshots, so workers that start during the window count
-from zero; a process that exits inside the window loses its CPU time (psutil cannot read the
-times of a dead, reaped process), which only ever under-counts.
+Each process contributes its own user + system time plus the times of the children it has
+reaped (``children_user``/``children_system``), and the tree's CPU over a window is the total
+after minus the total before. That way short-lived processes (a fork per call, a worker that
+is replaced) are counted once their parent has waited for them, and a process alive at the
+start that exits later is neither lost nor counted twice. Only a descendant that is orphaned
+(re-parented outside the tree) and reaped by someone else escapes, which under-counts.
 """
 
 from __future__ import annotations
@@ -31,20 +34,20 @@ def _tree(root_pid: int) -> list[psutil.Process]:
 
 
 def cpu_snapshot(root_pid: int) -> dict[int, float]:
-    """User plus system CPU seconds of every live process in the tree, keyed by pid."""
+    """CPU seconds (own plus reaped children's) of every live process in the tree, keyed by pid."""
     out: dict[int, float] = {}
     for proc in _tree(root_pid):
         try:
             times = proc.cpu_times()
         except psutil.Error:
             continue
-        out[proc.pid] = times.user + times.system
+        out[proc.pid] = times.user + times.system + times.children_user + times.children_system
     return out
 
 
 def cpu_delta_s(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU seconds the tree spent between two snapshots."""
-    return sum(max(0.0, seconds - before.get(pid, 0.0)) for pid, seconds in after.items())
+    return max(0.0, sum(after.values()) - sum(before.values()))
 
 
 def _short_name(proc: psutil.Process) -> str:
