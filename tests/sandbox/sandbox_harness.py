@@ -27,9 +27,9 @@ def site_dirs() -> list[str]:
     return dirs
 
 
-def bootstrap(prelude: str = "") -> str:
+def bootstrap(prelude: str = "", ipc_fd: int = 3) -> str:
     paths = [REPO_ROOT, *site_dirs()]
-    return f"import sys; sys.path[:0]={paths!r}\n{prelude}\nfrom sandbox.worker import main; main(3)"
+    return f"import sys; sys.path[:0]={paths!r}\n{prelude}\nfrom sandbox.worker import main; main({ipc_fd})"
 
 
 def write_plugin(folder: Path, code: str, entry: str = "attack_plugin") -> Path:
@@ -54,6 +54,7 @@ class Worker:
         scratch_root: Path | None = None,
         prelude: str = "",
         env: dict[str, str] | None = None,
+        ipc_fd: int = 3,
     ) -> None:
         import tempfile
 
@@ -62,15 +63,15 @@ class Worker:
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [PYTHON, "-I", "-S", "-c", bootstrap(prelude)],
-            pass_fds=[3],
+            [PYTHON, "-I", "-S", "-c", bootstrap(prelude, ipc_fd)],
+            pass_fds=[ipc_fd],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
             env=env or {"PATH": "/usr/bin:/bin"},
             cwd=self.scratch,
-            preexec_fn=None if child.fileno() == 3 else _dup_to_3(child.fileno()),
+            preexec_fn=None if child.fileno() == ipc_fd else _dup_to(child.fileno(), ipc_fd),
         )
         child.close()
         self.buf = bytearray()
@@ -154,9 +155,9 @@ def encode_frame_raw(body: bytes) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
-def _dup_to_3(fd: int) -> Any:
+def _dup_to(fd: int, target: int) -> Any:
     def f() -> None:
-        os.dup2(fd, 3)
+        os.dup2(fd, target)
 
     return f
 

@@ -1,0 +1,118 @@
+"""Policy profiles, fail-closed behaviour, the process tree and cgroup lifecycle of a real worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from sandbox_harness import Worker, text_of
+
+from sandbox.isolation import LAYERS, cgroups
+
+NO_LANDLOCK = "import sandbox.isolation.landlock as _ll; _ll.abi_version = lambda: 0"
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def test_strict_reports_every_layer(spawn: Callable[..., Worker], require: Any) -> None:
+    require(*LAYERS)
+    ready = spawn("strict").ready()
+    assert type(ready).__name__ == "Ready"
+    assert ready.layers == list(LAYERS)
+    assert ready.missing == []
+
+
+def test_none_applies_only_hygiene_and_rlimits(spawn: Callable[..., Worker]) -> None:
+    w = spawn("none")
+    ready = w.ready()
+    assert ready.layers == ["hygiene", "rlimits"]
+    assert ready.missing == []
+    assert json.loads(text_of(w.call("whoami")))["uid"] == os.geteuid()
+
+
+def test_strict_fails_closed_naming_the_missing_layer(spawn: Callable[..., Worker]) -> None:
+    msg = spawn("strict", prelude=NO_LANDLOCK).ready()
+    assert type(msg).__name__ == "LoadFailed"
+    assert msg.stage == "isolation"
+    assert "landlock" in msg.error
+
+
+def test_compat_runs_without_the_missing_layer_and_reports_it(spawn: Callable[..., Worker], require: Any) -> None:
+    require("namespaces", "seccomp")
+    w = spawn("compat", prelude=NO_LANDLOCK)
+    ready = w.ready()
+    assert type(ready).__name__ == "Ready"
+    assert ready.missing == ["landlock"]
+    assert "landlock" not in ready.layers and "seccomp" in ready.layers
+    assert json.loads(text_of(w.call("whoami")))["pid"] == 1
+
+
+def test_unknown_policy_is_refused(spawn: Callable[..., Worker]) -> None:
+    msg = spawn("lenient").ready()
+    assert type(msg).__name__ == "LoadFailed"
+    assert "policy" in msg.error
+
+
+def test_ipc_fd_other_than_3_keeps_working(spawn: Callable[..., Worker], require: Any) -> None:
+    require(*LAYERS)
+    w = spawn("strict", ipc_fd=7)
+    assert w.ready().layers == list(LAYERS)
+    assert json.loads(text_of(w.call("whoami")))["pid"] == 1
+
+
+def test_only_stdio_and_the_ipc_fd_are_open_in_the_plugin(spawn: Callable[..., Worker], require: Any) -> None:
+    require("namespaces", "landlock")
+    w = spawn("strict")
+    got = json.loads(text_of(w.call("list_dir", path="/proc/self/fd")) if w.ready() else "")
+    assert got["ok"], got
+    fds = sorted(int(x) for x in json.loads(got["detail"].replace("'", '"')))
+    # 0-2 stdio, 3 IPC, plus the one listdir itself opened.
+    assert fds[:4] == [0, 1, 2, 3] and len(fds) == 5
+
+
+def test_killing_the_worker_kills_its_whole_tree_and_cleanup_removes_the_cgroup(
+    spawn: Callable[..., Worker], require: Any
+) -> None:
+    require("namespaces", "cgroup")
+    w = spawn("strict")
+    w.ready()
+    assert json.loads(text_of(w.call("spawn_survivor", seconds=30)))["ok"]
+    pid = w.proc.pid
+    assert len(cgroups.members(pid)) >= 3  # reaper, pid 1, the setsid'd double-fork survivor
+    os.kill(pid, 9)  # the reaper only: pid 1 follows (PDEATHSIG), everything else follows pid 1
+    w.proc.wait(timeout=5)
+    assert wait_until(lambda: cgroups.members(pid) == [])
+    assert cgroups.cleanup(pid)
+    lay = cgroups.layout(pid)
+    assert lay is not None and not any(os.path.exists(d) for d in lay.dirs)
+
+
+def test_kill_all_reaches_every_process_of_a_worker(spawn: Callable[..., Worker], require: Any) -> None:
+    require("cgroup")
+    w = spawn("strict")
+    w.ready()
+    w.call("spawn_survivor", seconds=30)
+    assert cgroups.kill_all(w.proc.pid)
+    assert cgroups.members(w.proc.pid) == []
+    w.proc.wait(timeout=5)
+
+
+def test_plugin_dir_under_a_root_only_directory_is_reachable(
+    spawn: Callable[..., Worker], require: Any, tmp_path: Path
+) -> None:
+    # pytest's tmp dirs live under /tmp/pytest-of-root (0700) and the interpreter under /root (0700):
+    # the worker uid reaches both only through the rebuilt mount view.
+    require(*LAYERS)
+    assert (os.stat(tmp_path.parent.parent).st_mode & 0o077) == 0 or os.geteuid() != 0
+    w = spawn("strict")
+    assert type(w.ready()).__name__ == "Ready"
