@@ -19,6 +19,8 @@ from typing import Any
 
 import msgspec
 
+from runtime.http_config import HttpConfig, check_http_config
+
 BUNDLED_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 
 
@@ -40,6 +42,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     #: Pre-started workers per plugin (each plugin may grow to its max_concurrency).
     min_workers: int = 1
     instructions: str | None = None
+    #: The HTTP transport: listeners, Host/Origin allowlists, tokens, limits (see runtime.http_config).
+    http: HttpConfig = msgspec.field(default_factory=HttpConfig)
 
 
 class ConfigError(Exception):
@@ -62,6 +66,7 @@ def check_config(cfg: Config) -> list[str]:
         problems.append("min_workers must be between 0 and 64")
     if cfg.max_inflight < 1:
         problems.append("max_inflight must be >= 1")
+    problems.extend(check_http_config(cfg.http))
     return problems
 
 

@@ -84,49 +84,92 @@ class Daemon:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    async def execute(self, call: ToolCall, emit: Callable[[bytes], None], principal: str | None = None) -> bytes:
-        """Run ``call`` on its plugin's workers; returns the response bytes. Honours cancellation."""
+    def start(self, call: ToolCall, emit: Callable[[bytes], None], principal: str | None,
+              on_done: Callable[[ToolCall, bytes], None]) -> Any:
+        """Start ``call`` without a task of its own; ``on_done(call, response)`` runs once it has an
+        outcome (possibly before this returns). Returns a handle for ``cancel``, or None."""
         entry = call.entry
         pool = entry.runner
-        started = time.perf_counter()
-        outcome = "ok"
         core = self.core
+        started = time.perf_counter()
 
         def on_event(frame: Any) -> None:
-            data = core.progress_notification(call, frame) if isinstance(frame, wire.Progress) else core.log_notification(call, frame)
+            data = core.progress_notification(call, frame) if type(frame) is wire.Progress else core.log_notification(call, frame)
             if data is not None:
                 emit(data)
+
+        def done(slot: Any) -> None:
+            self.inflight -= 1
+            on_done(call, self._finish(call, slot, principal, started))
 
         if self.inflight >= self.config.max_inflight:
             self.stats["busy"] += 1
             self._hook(call, principal, "busy", started)
-            return core.call_error(call, rpc.SERVER_BUSY, "Server busy: too many calls in flight; retry later", {"retryAfterMs": 100})
-        self.inflight += 1
+            on_done(call, core.call_error(call, rpc.SERVER_BUSY, "Server busy: too many calls in flight; retry later",
+                                          {"retryAfterMs": 100}))
+            return None
+        slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None, call.log_level,
+                             on_event, done)
         try:
-            result = await pool.run(entry.local_name, call.arguments, call.progress_token is not None, call.log_level, on_event)
+            pool.submit(slot)
         except PoolBusy as exc:
             self.stats["busy"] += 1
-            outcome = "busy"
-            return core.call_error(call, rpc.SERVER_BUSY, f"Server busy: {exc}", {"retryAfterMs": 100})
+            self._hook(call, principal, "busy", started)
+            on_done(call, core.call_error(call, rpc.SERVER_BUSY, f"Server busy: {exc}", {"retryAfterMs": 100}))
+            return None
         except WorkerFailure as exc:
+            on_done(call, core.call_failed(call, f"Tool {entry.name} failed: {exc.message}"))
+            return None
+        self.inflight += 1
+        return slot
+
+    def cancel(self, call: ToolCall, handle: Any, principal: str | None = None) -> None:
+        """The client cancelled: nothing more is sent for ``call``; its worker is stopped."""
+        if handle is None or handle.finished:
+            return
+        self.inflight -= 1
+        self.stats["calls"] += 1
+        self._hook(call, principal, "cancelled", time.perf_counter())
+        call.entry.runner.withdraw(handle)
+
+    def _finish(self, call: ToolCall, slot: Any, principal: str | None, started: float) -> bytes:
+        entry = call.entry
+        core = self.core
+        self.stats["calls"] += 1
+        error = slot.error
+        if error is not None:
             self.stats["errors"] += 1
-            outcome = exc.kind
-            log("call_failed", level="warning", tool=entry.name, plugin=entry.plugin, kind=exc.kind, error=exc.message)
-            return core.call_failed(call, f"Tool {entry.name} failed: {exc.message}" if exc.kind != "timeout"
-                                    else f"Tool {entry.name} {exc.message}")
-        except trio.Cancelled:
-            outcome = "cancelled"
-            raise
-        finally:
-            self.inflight -= 1
-            self.stats["calls"] += 1
-            self._hook(call, principal, outcome, started)
-        data, bug = core.call_result(call, result, pool.limits.max_output_bytes)
+            self._hook(call, principal, error.kind, started)
+            log("call_failed", level="warning", tool=entry.name, plugin=entry.plugin, kind=error.kind, error=error.message)
+            if error.kind == "timeout":
+                return core.call_failed(call, f"Tool {entry.name} {error.message}")
+            return core.call_failed(call, f"Tool {entry.name} failed: {error.message}")
+        result = slot.result
+        data, bug = core.call_result(call, result, entry.runner.limits.max_output_bytes)
         if bug is not None:
             log("plugin_bug", level="error", tool=entry.name, plugin=entry.plugin, problem=bug)
         if result.traceback:
             log("tool_raised", level="warning", tool=entry.name, plugin=entry.plugin, traceback=result.traceback)
+        if self.call_hooks:
+            self._hook(call, principal, "tool_error" if result.is_error else "ok", started)
         return data
+
+    async def execute(self, call: ToolCall, emit: Callable[[bytes], None], principal: str | None = None) -> bytes:
+        """Run ``call`` and wait for its response bytes. Honours cancellation (the worker is stopped)."""
+        box: list[bytes] = []
+        event = trio.Event()
+
+        def on_done(_call: ToolCall, data: bytes) -> None:
+            box.append(data)
+            event.set()
+
+        handle = self.start(call, emit, principal, on_done)
+        try:
+            await event.wait()
+        except trio.Cancelled:
+            self.cancel(call, handle, principal)
+            raise
+        return box[0]
 
     def _hook(self, call: ToolCall, principal: str | None, outcome: str, started: float) -> None:
         if not self.call_hooks:

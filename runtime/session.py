@@ -26,7 +26,8 @@ class Session:
         self.nursery = nursery
         self.principal = principal
         self.catalog_view = catalog_view
-        self.inflight: dict[Any, trio.CancelScope] = {}
+        #: request id -> (call, handle) of calls running for this connection.
+        self.inflight: dict[Any, Any] = {}
         self.listens: dict[Any, Listen] = {}
         self._idle = trio.Event()
         self._idle.set()
@@ -34,8 +35,8 @@ class Session:
 
     def close(self) -> None:
         self._unsubscribe()
-        for scope in self.inflight.values():
-            scope.cancel()
+        for request_id in list(self.inflight):
+            self._cancel(request_id)
 
     def receive(self, data: bytes | memoryview) -> None:
         catalog = self.catalog_view() if self.catalog_view is not None else None
@@ -56,36 +57,32 @@ class Session:
             self.nursery.start_soon(self._run_batch, action)
 
     def _start_call(self, call: ToolCall) -> None:
-        scope = trio.CancelScope()
-        if call.request_id in self.inflight:
+        request_id = call.request_id
+        if request_id in self.inflight:
             # A duplicate in-flight id is the client's bug; answer it without disturbing the other.
             self.emit(self.core.call_error(call, -32600, "Invalid Request: a request with this id is already in progress"))
             return
-        self.inflight[call.request_id] = scope
-        self._idle = trio.Event() if self._idle.is_set() else self._idle
-        self.nursery.start_soon(self._run_call, call, scope)
+        self.inflight[request_id] = None  # placeholder: the call may finish synchronously
+        if self._idle.is_set():
+            self._idle = trio.Event()
+        handle = self.daemon.start(call, self.emit, self.principal, self._call_done)
+        if request_id in self.inflight:
+            self.inflight[request_id] = (call, handle)
 
-    async def _run_call(self, call: ToolCall, scope: trio.CancelScope) -> None:
-        emit = self.emit
-
-        def emit_live(data: bytes) -> None:
-            if not scope.cancel_called:
-                emit(data)
-
-        try:
-            with scope:
-                data = await self.daemon.execute(call, emit_live, self.principal)
-                if not scope.cancel_called:
-                    emit(data)
-        finally:
-            self.inflight.pop(call.request_id, None)
-            if not self.inflight:
-                self._idle.set()
+    def _call_done(self, call: ToolCall, data: bytes) -> None:
+        if self.inflight.pop(call.request_id, 0) != 0:
+            self.emit(data)
+        if not self.inflight:
+            self._idle.set()
 
     def _cancel(self, request_id: Any) -> None:
-        scope = self.inflight.get(request_id)
-        if scope is not None:
-            scope.cancel()
+        if request_id in self.inflight:
+            entry = self.inflight.pop(request_id)
+            if entry is not None:
+                call, handle = entry
+                self.daemon.cancel(call, handle, self.principal)
+            if not self.inflight:
+                self._idle.set()
             return
         listen = self.listens.pop(request_id, None)
         if listen is not None:

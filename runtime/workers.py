@@ -3,17 +3,22 @@
 How this works:
 
 * A pool keeps between ``min_workers`` and ``limits.max_concurrency`` pre-started workers of one
-  plugin. A worker runs one call at a time. A call takes an idle worker, or waits in a bounded
-  FIFO queue (full queue -> ``PoolBusy``); a released worker is handed straight to the oldest waiter.
-* The calling task owns the worker's socket for the whole call: it writes the ``Call`` frame and
-  reads frames until the matching ``Result`` (progress/log frames are passed to a callback). No
-  extra task or channel sits on the hot path.
-* The deadline is one cancel scope around that exchange. Expiry, client cancellation, a crash,
-  garbage on the channel or an over-size frame all end the same way: the worker's whole process
-  tree is killed (process group, psutil descendants, then orphans re-parented to us as subreaper),
-  the worker is dropped and a replacement is started. Only that call fails.
+  plugin. A worker runs the calls sent to it one at a time, in order.
+* A call goes straight to an idle worker if there is one. Otherwise it waits in the pool's bounded
+  FIFO queue (full queue -> ``PoolBusy``). When a worker finishes everything it was given, it takes
+  up to ``BATCH_MAX`` queued calls in one write: under saturation one wake-up of the worker and one
+  syscall on each side serve many calls; with spare workers nothing waits.
+* Each worker has one reader task that matches ``Result`` frames to the calls in order and relays
+  progress/log frames. The calling task waits on its slot.
+* A call's deadline starts when the call starts running (it heads its worker's queue), as a cancel
+  scope deadline. Expiry, client cancellation of a running call, a crash, garbage on the channel or
+  an over-size frame all end the same way: the worker's whole process tree is killed (process group,
+  psutil descendants, then orphans re-parented to us as subreaper), the calls queued behind it on that
+  worker (not started, so safe to run elsewhere) go back to the front of the pool's queue, and a
+  replacement worker is started. Only that one call fails. A cancelled call that was sent but has not
+  started is withdrawn with a ``CancelCall`` frame instead.
 * A watcher task per worker relays its captured stdout/stderr (capped) to the log and notices
-  when it exits while idle.
+  when it exits.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ _PYTHON = os.path.realpath(sys.executable)
 _FRAME_OVERHEAD = 64 * 1024
 _MAX_LOGGED_OUTPUT = 256 * 1024
 START_TIMEOUT_S = 20.0
+#: Most queued calls handed to a worker in one write.
+BATCH_MAX = 32
 
 
 class WorkerFailure(Exception):
@@ -111,15 +118,34 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-def sweep_orphans(live_pids: set[int]) -> int:
-    """Kill and reap our children that are not live workers (escaped grandchildren)."""
+#: Pids of every worker process this daemon started and has not reaped yet (all pools).
+LIVE_WORKER_PIDS: set[int] = set()
+#: Set in every worker's environment; inherited by whatever it forks.
+WORKER_MARKER = "TOOLCELL_WORKER"
+
+
+def _is_escaped_worker_process(proc: psutil.Process) -> bool:
+    try:
+        if "from sandbox.worker import main" in " ".join(proc.cmdline()):
+            return True
+        return WORKER_MARKER in proc.environ()
+    except psutil.Error:
+        return False
+
+
+def sweep_orphans() -> int:
+    """Kill and reap our children that came from workers but are not live workers.
+
+    With the daemon as child subreaper, a double-forked grandchild whose parent died is re-parented
+    to us; it still carries the worker's marker (or its command line). Nothing else is touched, so
+    an embedding process's own children are safe."""
     swept = 0
     try:
         children = psutil.Process().children()
     except psutil.Error:
         return 0
     for child in children:
-        if child.pid in live_pids:
+        if child.pid in LIVE_WORKER_PIDS or not _is_escaped_worker_process(child):
             continue
         try:
             if child.status() != psutil.STATUS_ZOMBIE:
@@ -143,21 +169,25 @@ class PoolSpec:
     describe_only: bool = False
 
     def env(self) -> dict[str, str]:
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": os.environ.get("TZ", "UTC")}
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": os.environ.get("TZ", "UTC"),
+               }
         for name in self.manifest.env.allow:
             if name in os.environ:
                 env[name] = os.environ[name]
         env.update(self.manifest.env.set)
+        env[WORKER_MARKER] = self.manifest.name
         return env
 
 
 class Worker:
-    __slots__ = ("proc", "stream", "buf", "pid", "ready", "dead", "scratch", "max_frame", "calls", "layers",
-                 "output_tail", "exited")
+    """One worker process and its IPC socket (used raw: trio only waits for readiness)."""
 
-    def __init__(self, proc: trio.Process, stream: trio.SocketStream, scratch: str, max_frame: int) -> None:
+    __slots__ = ("proc", "raw", "buf", "pid", "ready", "dead", "scratch", "max_frame", "calls", "layers",
+                 "output_tail", "exited", "pending", "out", "out_wake", "sending")
+
+    def __init__(self, proc: trio.Process, raw: socket.socket, scratch: str, max_frame: int) -> None:
         self.proc = proc
-        self.stream = stream
+        self.raw = raw
         self.buf = bytearray()
         self.pid = proc.pid
         self.ready: wire.Ready | None = None
@@ -169,56 +199,86 @@ class Worker:
         #: The last few KiB the worker printed (shown when it fails to start).
         self.output_tail = b""
         self.exited = trio.Event()
+        #: Calls sent to this worker and not yet answered, in the order it runs them.
+        self.pending: collections.deque[Slot] = collections.deque()
+        self.out: list[bytes] = []
+        self.out_wake = trio.Event()
+        self.sending = False
+
+    def write(self, data: bytes) -> bool:
+        """Send ``data`` now if the socket takes it, else leave it to the writer task.
+
+        Returns False if the worker's socket is broken."""
+        if self.dead:
+            return False
+        if not self.out and not self.sending:
+            try:
+                sent = self.raw.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                return False
+            if sent == len(data):
+                return True
+            data = data[sent:]
+        self.out.append(data)
+        self.out_wake.set()
+        return True
 
     async def read_message(self) -> Any:
-        """The next frame from the worker, decoded strictly. Raises ``WorkerFailure``."""
+        """The next frame (used only during start-up, before the reader task runs)."""
         while True:
-            try:
-                frames = wire.split_frames(self.buf, self.max_frame)
-            except ValueError:
-                raise WorkerFailure("output_cap", "the tool's output exceeded its size limit") from None
+            frames = wire.split_frames(self.buf, self.max_frame)
             if frames:
-                if len(frames) > 1:
-                    # Put back all but the first: they belong to later reads.
-                    rest = b"".join(wire.HEADER.pack(len(f)) + f for f in frames[1:])
-                    self.buf[:0] = rest
                 try:
                     return wire.from_worker_decoder.decode(frames[0])
                 except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, ValueError):
                     raise WorkerFailure("garbage", "the worker sent a malformed frame") from None
+            data = await self.recv()
+            self.buf += data
+
+    async def recv(self) -> bytes:
+        while True:
             try:
-                data = await self.stream.receive_some(1 << 18)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = self.raw.recv(1 << 18)
+            except (BlockingIOError, InterruptedError):
+                try:
+                    await trio.lowlevel.wait_readable(self.raw)
+                except (trio.ClosedResourceError, OSError, ValueError):
+                    raise WorkerFailure("crashed", "the worker process exited unexpectedly") from None
+                continue
+            except OSError:
                 data = b""
             if not data:
                 raise WorkerFailure("crashed", "the worker process exited unexpectedly")
-            self.buf += data
-
-    async def call(self, call: wire.Call, on_event: Callable[[Any], None] | None) -> wire.Result:
-        try:
-            await self.stream.send_all(wire.encode_frame(call))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            raise WorkerFailure("crashed", "the worker process exited unexpectedly") from None
-        while True:
-            msg = await self.read_message()
-            if isinstance(msg, wire.Result):
-                if msg.id != call.id:
-                    raise WorkerFailure("garbage", "the worker answered a call it was not given")
-                return msg
-            if isinstance(msg, (wire.Progress, wire.Log)) and msg.id == call.id:
-                if on_event is not None:
-                    on_event(msg)
-                continue
-            raise WorkerFailure("garbage", "the worker sent an unexpected frame")
+            return data
 
 
-class _Waiter:
-    __slots__ = ("event", "worker", "error")
+class Slot:
+    """One call on its way through a pool. ``on_done(slot)`` runs once, when it has an outcome."""
 
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.worker: Worker | None = None
-        self.error: BaseException | None = None
+    __slots__ = ("call", "on_event", "on_done", "event", "result", "error", "deadline", "abandoned", "finished")
+
+    def __init__(self, call: wire.Call, on_event: Callable[[Any], None] | None,
+                 on_done: Callable[[Slot], None] | None = None) -> None:
+        self.call = call
+        self.on_event = on_event
+        self.on_done = on_done
+        self.event: trio.Event | None = None
+        self.result: wire.Result | None = None
+        self.error: WorkerFailure | None = None
+        self.deadline = float("inf")
+        self.abandoned = False
+        self.finished = False
+
+    def finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if self.on_done is not None:
+            self.on_done(self)
+        if self.event is not None:
+            self.event.set()
 
 
 class WorkerPool:
@@ -232,7 +292,8 @@ class WorkerPool:
         self.idle: list[Worker] = []
         self.workers: set[Worker] = set()
         self.starting = 0
-        self.waiters: collections.deque[_Waiter] = collections.deque()
+        #: Calls waiting for a worker, oldest first.
+        self.queue: collections.deque[Slot] = collections.deque()
         self.ready: wire.Ready | None = None
         self.closed = False
         self.restarts = 0
@@ -242,6 +303,9 @@ class WorkerPool:
         self._on_kill = on_kill
         self._next_call_id = 0
         self._max_frame = self.limits.max_output_bytes + _FRAME_OVERHEAD
+        self._watch_wake = trio.Event()
+        self._watch_at = float("inf")
+        self._watchdog_started = False
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -267,9 +331,11 @@ class WorkerPool:
         scratch = tempfile.mkdtemp(prefix=f"{self.name}-", dir=self.spec.state_dir)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fd = child.fileno()
+        # The IPC socket always lands on fd 3 in the worker (only 0-2 and it survive the exec).
+        move = "" if fd == 3 else f"import os;os.dup2({fd},3);os.close({fd});"
         bootstrap = (
-            f"import sys;sys.path[:0]={WORKER_SYS_PATH!r};"
-            f"from sandbox.worker import main;main({fd})"
+            f"{move}import sys;sys.path[:0]={WORKER_SYS_PATH!r};"
+            "from sandbox.worker import main;main(3)"
         )
         try:
             proc = await trio.lowlevel.open_process(
@@ -288,14 +354,17 @@ class WorkerPool:
             raise PluginLoadError("spawn", f"could not start a worker: {exc}") from None
         finally:
             child.close()
-        stream = trio.SocketStream(trio.socket.from_stdlib_socket(parent))
-        worker = Worker(proc, stream, scratch, self._max_frame)
+        LIVE_WORKER_PIDS.add(proc.pid)
+        parent.setblocking(False)
+        worker = Worker(proc, parent, scratch, self._max_frame)
         self.nursery.start_soon(self._watch, worker)
+        self.nursery.start_soon(self._write_loop, worker)
         try:
-            await stream.send_all(wire.encode_frame(self._init_frame(scratch)))
+            if not worker.write(wire.encode_frame(self._init_frame(scratch))):
+                raise WorkerFailure("crashed", "the worker process exited unexpectedly")
             with trio.fail_after(START_TIMEOUT_S):
                 msg = await worker.read_message()
-        except (WorkerFailure, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
+        except (WorkerFailure, trio.TooSlowError, OSError) as exc:
             text = exc.message if isinstance(exc, WorkerFailure) else f"no answer within {START_TIMEOUT_S:.0f} s"
             with trio.move_on_after(1.0):
                 await worker.exited.wait()
@@ -322,6 +391,10 @@ class WorkerPool:
         worker.ready = msg
         worker.layers = list(msg.layers)
         self.workers.add(worker)
+        self.nursery.start_soon(self._read_loop, worker)
+        if not self._watchdog_started:
+            self._watchdog_started = True
+            self.nursery.start_soon(self._watchdog)
         return worker
 
     def _check_layers(self, ready: wire.Ready) -> str | None:
@@ -332,7 +405,7 @@ class WorkerPool:
     async def start(self) -> wire.Ready:
         """Start the first worker (which reports the tools) and the rest of ``min_workers``."""
         first = await self.start_worker()
-        self._release(first)
+        self._make_available(first)
         for _ in range(max(0, min(self.spec.min_workers, self.limits.max_concurrency) - 1)):
             self._spawn_background()
         assert self.ready is not None
@@ -350,11 +423,8 @@ class WorkerPool:
             log("worker_start_failed", plugin=self.name, stage=exc.stage, error=exc.message)
             self.starting -= 1
             if not self.workers and not self.starting:
-                # Nothing will ever serve the waiters: fail them now rather than let them hang.
-                while self.waiters:
-                    waiter = self.waiters.popleft()
-                    waiter.error = exc
-                    waiter.event.set()
+                # Nothing will ever serve the queue: fail it now rather than let it hang.
+                self._fail_queue(WorkerFailure("unavailable", f"plugin {self.name} has no working worker: {exc.message}"))
             await trio.sleep(min(5.0, 0.1 * 2 ** min(self.start_failures, 6)))
             return
         self.starting -= 1
@@ -362,80 +432,223 @@ class WorkerPool:
         if self.closed:
             self._discard(worker, kill=True)
             return
-        self._release(worker)
+        self._make_available(worker)
 
     # -- the call path -------------------------------------------------------------------------
 
-    async def acquire(self) -> Worker:
-        if self.idle:
-            return self.idle.pop()
+    def _fail_queue(self, error: WorkerFailure) -> None:
+        while self.queue:
+            slot = self.queue.popleft()
+            slot.error = error
+            slot.finish()
+
+    def _start_deadline(self, slot: Slot) -> None:
+        slot.deadline = trio.current_time() + self.limits.timeout_s
+        if slot.deadline < self._watch_at:
+            self._watch_wake.set()
+
+    def _dispatch(self, worker: Worker, slots: list[Slot]) -> None:
+        """Give ``slots`` to ``worker`` in one write. The head starts its deadline."""
+        if not worker.pending:
+            self._start_deadline(slots[0])
+        worker.pending.extend(slots)
+        data = wire.encode_frame(slots[0].call) if len(slots) == 1 else b"".join(
+            wire.encode_frame(slot.call) for slot in slots)
+        if not worker.write(data):
+            self._fail_worker(worker, WorkerFailure("crashed", "the worker process exited unexpectedly"))
+
+    def _make_available(self, worker: Worker) -> None:
+        """``worker`` has nothing pending: hand it a batch from the queue, or mark it idle."""
+        if worker.dead or worker.pending:
+            return
+        if not self.queue:
+            if not self.closed:
+                self.idle.append(worker)
+            return
+        self._dispatch(worker, [self.queue.popleft() for _ in range(min(BATCH_MAX, len(self.queue)))])
+
+    def new_slot(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
+                 on_event: Callable[[Any], None] | None, on_done: Callable[[Slot], None] | None = None) -> Slot:
+        self._next_call_id += 1
+        return Slot(wire.Call(self._next_call_id, tool, arguments, progress, log_level), on_event, on_done)
+
+    def submit(self, slot: Slot) -> None:
+        """Start ``slot`` on an idle worker or queue it. Raises ``PoolBusy`` / ``WorkerFailure``."""
         if self.closed:
             raise WorkerFailure("unavailable", f"plugin {self.name} is shutting down")
-        if len(self.waiters) >= self.limits.max_queue:
+        while self.idle:
+            worker = self.idle.pop()
+            if not worker.dead:
+                self.in_flight += 1
+                self._dispatch(worker, [slot])
+                return
+        if len(self.queue) >= self.limits.max_queue:
             raise PoolBusy(f"plugin {self.name} is busy ({self.limits.max_queue} calls waiting); retry later")
+        self.in_flight += 1
+        self.queue.append(slot)
         if len(self.workers) + self.starting < self.limits.max_concurrency:
             self._spawn_background()
-        waiter = _Waiter()
-        self.waiters.append(waiter)
-        try:
-            await waiter.event.wait()
-        except BaseException:
-            if waiter.worker is not None:
-                self._release(waiter.worker)
-            else:
-                try:
-                    self.waiters.remove(waiter)
-                except ValueError:
-                    pass
-            raise
-        if waiter.error is not None:
-            raise WorkerFailure("unavailable", f"plugin {self.name} has no working worker: {waiter.error}")
-        assert waiter.worker is not None
-        return waiter.worker
-
-    def _release(self, worker: Worker) -> None:
-        if worker.dead or self.closed:
-            self._discard(worker, kill=True)
-            return
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if waiter.event.is_set():
-                continue
-            waiter.worker = worker
-            waiter.event.set()
-            return
-        self.idle.append(worker)
 
     async def run(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                   on_event: Callable[[Any], None] | None) -> wire.Result:
-        """Run one call on a worker. Raises ``PoolBusy`` or ``WorkerFailure``; honours cancellation."""
-        worker = await self.acquire()
-        self._next_call_id += 1
-        call = wire.Call(self._next_call_id, tool, arguments, progress, log_level)
-        self.in_flight += 1
-        ok = False
+        """Run one call and wait for it. Raises ``PoolBusy`` or ``WorkerFailure``; honours cancellation."""
+        slot = self.new_slot(tool, arguments, progress, log_level, on_event)
+        slot.event = trio.Event()
+        self.submit(slot)
         try:
-            with trio.move_on_after(self.limits.timeout_s) as scope:
-                result = await worker.call(call, on_event)
-                ok = True
-                worker.calls += 1
-                return result
-            self.limit_kills += 1
-            raise WorkerFailure("timeout", f"timed out after {_fmt_s(self.limits.timeout_s)}")
-        except WorkerFailure as exc:
-            if exc.kind == "output_cap":
-                self.limit_kills += 1
+            await slot.event.wait()
+        except trio.Cancelled:
+            self.withdraw(slot)
             raise
-        finally:
+        if slot.error is not None:
+            raise slot.error
+        assert slot.result is not None
+        return slot.result
+
+    def _owner(self, slot: Slot) -> Worker | None:
+        for worker in self.workers:
+            if slot in worker.pending:
+                return worker
+        return None
+
+    def withdraw(self, slot: Slot) -> None:
+        """The client cancelled ``slot``: nothing more is reported for it; if it runs, its worker dies."""
+        if slot.finished:
+            return
+        slot.on_done = None
+        slot.on_event = None
+        slot.abandoned = True
+        try:
+            self.queue.remove(slot)
             self.in_flight -= 1
-            if ok:
-                self._release(worker)
-            else:
-                # Timed out, cancelled by the client, crashed or misbehaved: the worker may be
-                # mid-call, so it can never be reused.
-                self._discard(worker, kill=True)
-                if not self.closed:
-                    self._spawn_background()
+            slot.finish()
+            return
+        except ValueError:
+            pass
+        owner = self._owner(slot)
+        if owner is None:
+            return
+        if owner.pending and owner.pending[0] is slot:
+            self._fail_worker(owner, WorkerFailure("cancelled", "cancelled"))
+        elif not owner.write(wire.encode_frame(wire.CancelCall(slot.call.id))):
+            self._fail_worker(owner, WorkerFailure("crashed", "the worker process exited unexpectedly"))
+
+    def _complete(self, slot: Slot) -> None:
+        self.in_flight -= 1
+        if slot.error is not None and slot.error.kind in ("output_cap", "timeout"):
+            self.limit_kills += 1
+        slot.finish()
+
+    def _fail_worker(self, worker: Worker, error: WorkerFailure, requeue: bool = True) -> None:
+        """Kill ``worker``: its running call gets ``error``; calls queued behind it go back to the pool."""
+        pending = list(worker.pending)
+        worker.pending.clear()
+        self._discard(worker, kill=True)
+        if pending:
+            head, rest = pending[0], pending[1:]
+            if not head.finished:
+                head.error = error
+                self._complete(head)
+            for slot in reversed(rest):
+                if slot.finished:
+                    continue
+                if slot.abandoned:
+                    self._complete(slot)
+                    continue
+                slot.deadline = float("inf")
+                if requeue and not self.closed:
+                    self.queue.appendleft(slot)
+                else:
+                    slot.error = WorkerFailure("unavailable", f"plugin {self.name} was unloaded")
+                    self._complete(slot)
+        if not self.closed and (self.queue or len(self.workers) + self.starting < max(1, self.spec.min_workers)):
+            if len(self.workers) + self.starting < self.limits.max_concurrency:
+                self._spawn_background()
+
+    async def _watchdog(self) -> None:
+        """Enforce deadlines: the head call of each worker must finish before its deadline."""
+        while not self.closed:
+            now = trio.current_time()
+            nearest = float("inf")
+            for worker in list(self.workers):
+                if worker.pending:
+                    head = worker.pending[0]
+                    if head.deadline <= now:
+                        self._fail_worker(worker, WorkerFailure("timeout", f"timed out after {_fmt_s(self.limits.timeout_s)}"))
+                    else:
+                        nearest = min(nearest, head.deadline)
+            self._watch_wake = trio.Event()
+            self._watch_at = nearest
+            with trio.move_on_at(nearest):
+                await self._watch_wake.wait()
+
+    async def _write_loop(self, worker: Worker) -> None:
+        raw = worker.raw
+        while not worker.dead:
+            await worker.out_wake.wait()
+            worker.out_wake = trio.Event()
+            while worker.out and not worker.dead:
+                data = b"".join(worker.out)
+                worker.out.clear()
+                worker.sending = True
+                try:
+                    while data:
+                        try:
+                            sent = raw.send(data)
+                        except (BlockingIOError, InterruptedError):
+                            await trio.lowlevel.wait_writable(raw)
+                            continue
+                        data = data[sent:]
+                except (OSError, trio.ClosedResourceError, ValueError):
+                    if not worker.dead:
+                        self._fail_worker(worker, WorkerFailure("crashed", "the worker process exited unexpectedly"))
+                    return
+                finally:
+                    worker.sending = False
+
+    async def _read_loop(self, worker: Worker) -> None:
+        """Match the worker's frames to its pending calls, in order."""
+        decode = wire.from_worker_decoder.decode
+        try:
+            while True:
+                frames = wire.split_frames(worker.buf, worker.max_frame) if worker.buf else []
+                for raw_frame in frames:
+                    try:
+                        msg = decode(raw_frame)
+                    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, ValueError):
+                        raise WorkerFailure("garbage", "the worker sent a malformed frame") from None
+                    pending = worker.pending
+                    head = pending[0] if pending else None
+                    if type(msg) is wire.Result:
+                        if head is None or msg.id != head.call.id:
+                            raise WorkerFailure("garbage", "the worker answered a call it was not given")
+                        pending.popleft()
+                        head.result = msg
+                        worker.calls += 1
+                        self._complete(head)
+                        if pending:
+                            self._start_deadline(pending[0])
+                        else:
+                            self._make_available(worker)
+                    elif type(msg) in (wire.Progress, wire.Log) and head is not None and msg.id == head.call.id:
+                        if head.on_event is not None:
+                            head.on_event(msg)
+                    else:
+                        raise WorkerFailure("garbage", "the worker sent an unexpected frame")
+                if worker.dead:
+                    return
+                worker.buf += await worker.recv()
+        except ValueError:
+            exc: WorkerFailure = WorkerFailure("output_cap", "the tool's output exceeded its size limit")
+            self._fail_worker(worker, exc)
+        except WorkerFailure as exc:
+            if worker.dead:
+                return
+            if exc.kind == "crashed":
+                with trio.move_on_after(0.5):
+                    await worker.exited.wait()
+                exc = WorkerFailure("crashed", describe_exit(worker.proc.returncode))
+            self._fail_worker(worker, exc)
 
     # -- teardown ------------------------------------------------------------------------------
 
@@ -449,10 +662,16 @@ class WorkerPool:
             kill_tree(worker.pid)
             if self._on_kill is not None and first:
                 self._on_kill(self.name)
-        try:
-            worker.stream.socket.close()
-        except OSError:
-            pass
+        if first:
+            worker.out_wake.set()
+            try:
+                trio.lowlevel.notify_closing(worker.raw)
+            except (RuntimeError, ValueError, OSError):
+                pass
+            try:
+                worker.raw.close()
+            except OSError:
+                pass
 
     async def _watch(self, worker: Worker) -> None:
         """Relay the worker's output to the log (capped) and clean up once it exits."""
@@ -482,29 +701,39 @@ class WorkerPool:
             with trio.CancelScope(shield=True):
                 if stdout is not None:
                     await stdout.aclose()
-            was_dead = worker.dead
-            self._discard(worker, kill=True)
-            sweep_orphans({w.pid for w in self.workers})
-            shutil.rmtree(worker.scratch, ignore_errors=True)
-            if not was_dead and not self.closed:
+            if not worker.dead and not self.closed:
                 self.restarts += 1
-                log("worker_exited", plugin=self.name, pid=worker.pid, returncode=worker.proc.returncode)
-                if len(self.workers) + self.starting < max(1, self.spec.min_workers):
-                    self._spawn_background()
+                log("worker_exited", level="warning", plugin=self.name, pid=worker.pid,
+                    returncode=worker.proc.returncode)
+            self._fail_worker(worker, WorkerFailure("crashed", describe_exit(worker.proc.returncode)))
+            LIVE_WORKER_PIDS.discard(worker.pid)
+            sweep_orphans()
+            shutil.rmtree(worker.scratch, ignore_errors=True)
 
     async def aclose(self, grace_s: float = 2.0) -> None:
         """Stop accepting calls, let in-flight ones finish for up to ``grace_s``, then kill all."""
         self.closed = True
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            waiter.error = WorkerFailure("unavailable", f"plugin {self.name} was unloaded")
-            waiter.event.set()
+        self._fail_queue(WorkerFailure("unavailable", f"plugin {self.name} was unloaded"))
         with trio.move_on_after(grace_s):
             while self.in_flight:
                 await trio.sleep(0.01)
         for worker in list(self.workers):
-            self._discard(worker, kill=True)
+            self._fail_worker(worker, WorkerFailure("unavailable", f"plugin {self.name} was unloaded"), requeue=False)
         self.idle.clear()
+        self._watch_wake.set()
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "the worker process stopped answering"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = " (a memory or CPU limit, or an external kill)" if name in ("SIGKILL", "SIGXCPU") else ""
+        return f"the worker process was killed by {name}{hint}"
+    return f"the worker process exited unexpectedly with status {returncode}"
 
 
 def _fmt_s(seconds: float) -> str:

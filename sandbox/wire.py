@@ -9,8 +9,10 @@ Conversation:
 
 1. daemon -> worker: one ``Init`` frame (configuration travels over the fd, never argv or env).
 2. worker -> daemon: ``Ready`` (tools it found, isolation layers it actually applied) or ``LoadFailed``.
-3. daemon -> worker: ``Call`` frames; the worker runs one call at a time and answers each with zero or
-   more ``Progress`` / ``Log`` frames followed by exactly one ``Result``.
+3. daemon -> worker: ``Call`` frames, possibly several in one write when the pool is saturated; the
+   worker runs them one at a time, in order, and answers each with zero or more ``Progress`` / ``Log``
+   frames followed by exactly one ``Result`` (results of a batch may arrive in one write). A
+   ``CancelCall`` for a call that has not started makes the worker answer it at once, unrun.
 4. daemon -> worker: ``Shutdown`` (or the daemon simply kills it).
 
 Frames from a worker are untrusted: the daemon decodes them with a size cap and strict types and
@@ -83,11 +85,17 @@ class Call(msgspec.Struct, tag="call", frozen=True, array_like=True):
     log_level: int = -1
 
 
+class CancelCall(msgspec.Struct, tag="cancel", frozen=True, array_like=True):
+    """Drop a call that was sent but has not started; the worker answers it with a cancelled Result."""
+
+    id: int
+
+
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True, array_like=True):
     pass
 
 
-ToWorker = Union[Init, Call, Shutdown]
+ToWorker = Union[Init, Call, CancelCall, Shutdown]
 
 
 class ToolSpec(msgspec.Struct, frozen=True):

@@ -16,10 +16,12 @@ Never imports trio.
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib
 import os
 import socket
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -28,6 +30,7 @@ import msgspec
 from sandbox import api
 from sandbox.wire import (
     Call,
+    CancelCall,
     Init,
     LoadFailed,
     Ready,
@@ -53,6 +56,17 @@ class Channel:
 
     def send(self, msg: Any) -> None:
         self.sock.sendall(encode_frame(msg))
+
+    def poll_frames(self) -> list[bytes]:
+        """Whatever complete frames are available now, without blocking."""
+        try:
+            chunk = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return split_frames(self.buf)
+        if not chunk:
+            raise EOFError
+        self.buf += chunk
+        return split_frames(self.buf)
 
     def recv_frames(self) -> list[bytes]:
         while True:
@@ -140,30 +154,67 @@ def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any) -> Result:
         api._set_current(None)
 
 
-def serve(chan: Channel, tools: dict[str, api.ToolDef]) -> None:
-    while True:
-        try:
-            frames = chan.recv_frames()
-        except EOFError:
-            return
-        out: list[bytes] = []
-        for raw in frames:
-            msg = to_worker_decoder.decode(raw)
-            if isinstance(msg, Shutdown):
-                if out:
-                    chan.sock.sendall(b"".join(out))
-                return
-            if isinstance(msg, Call):
-                # Progress/log frames must go out before the result: flush what we hold first.
-                def send(m: Any, _out: list[bytes] = out) -> None:
-                    if _out:
-                        chan.sock.sendall(b"".join(_out))
-                        _out.clear()
-                    chan.send(m)
+#: Results of a batch are held back at most this long, so a slow call still answers promptly.
+FLUSH_AFTER_S = 0.002
 
-                out.append(encode_frame(run_call(tools, msg, send)))
+
+def serve(chan: Channel, tools: dict[str, api.ToolDef]) -> None:
+    """Run calls in arrival order. Frames that arrive while a batch runs are absorbed between
+    calls (without blocking), so a ``CancelCall`` for a call not yet started is honoured."""
+    queue: collections.deque[Call] = collections.deque()
+    out: list[bytes] = []
+    first_unsent = 0.0
+
+    def flush() -> None:
         if out:
             chan.sock.sendall(b"".join(out))
+            out.clear()
+
+    def absorb(frames: list[bytes]) -> bool:
+        for raw in frames:
+            msg = to_worker_decoder.decode(raw)
+            if isinstance(msg, Call):
+                queue.append(msg)
+            elif isinstance(msg, CancelCall):
+                for queued in queue:
+                    if queued.id == msg.id:
+                        queue.remove(queued)
+                        out.append(encode_frame(Result(msg.id, [{"type": "text", "text": "cancelled"}], is_error=True)))
+                        break
+            elif isinstance(msg, Shutdown):
+                return False
+        return True
+
+    def send(m: Any) -> None:
+        # Progress/log frames must follow the results already produced: flush those first.
+        flush()
+        chan.send(m)
+
+    while True:
+        if not queue:
+            flush()
+            try:
+                frames = chan.recv_frames()
+            except EOFError:
+                return
+            if not absorb(frames):
+                return
+            continue
+        try:
+            more = chan.poll_frames()
+        except EOFError:
+            return
+        if not absorb(more):
+            flush()
+            return
+        if not queue:
+            continue
+        call = queue.popleft()
+        if not out:
+            first_unsent = time.monotonic()
+        out.append(encode_frame(run_call(tools, call, send)))
+        if not queue or time.monotonic() - first_unsent > FLUSH_AFTER_S:
+            flush()
 
 
 def main(fd: int = IPC_FD) -> None:

@@ -1,0 +1,100 @@
+"""Bearer-token authentication and scope-based tool visibility for the HTTP transport.
+
+Tokens live in the config only as SHA-256 hex digests; a presented token is hashed and looked up,
+so the daemon never holds (or logs) a usable secret. A principal's scopes pick the tools it may
+see and call: ``*`` (all), ``plugin:NAME`` (one plugin's tools) or a glob on the public tool name.
+Outside its scopes a tool is simply absent from the principal's catalog view, so it is
+indistinguishable from a tool that does not exist.
+
+``python -m runtime.auth [PRINCIPAL [SCOPE ...]]`` mints a random token and prints it with the
+``[[http.tokens]]`` TOML to paste into the config.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import secrets
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.http_config import HttpConfig, RateLimit
+from runtime.registry import Catalog, ToolEntry
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+@dataclass(eq=False)
+class Principal:
+    """Who is calling: a token's principal, or ``anonymous`` when authentication is off."""
+
+    name: str
+    scopes: tuple[str, ...] = ("*",)
+    rate: RateLimit | None = None
+    all_tools: bool = field(init=False)
+    _view_key: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.all_tools = "*" in self.scopes
+        self._view_key = ("scopes", tuple(sorted(set(self.scopes))))
+
+    def allows(self, entry: ToolEntry) -> bool:
+        for scope in self.scopes:
+            if scope == "*":
+                return True
+            if scope.startswith("plugin:"):
+                if entry.plugin == scope[7:]:
+                    return True
+            elif fnmatch.fnmatchcase(entry.name, scope):
+                return True
+        return False
+
+    def catalog(self, catalog: Catalog) -> Catalog | None:
+        """The principal's view of ``catalog``; None means the whole (public) catalog."""
+        if self.all_tools:
+            return None
+        return catalog.view(self._view_key, self.allows)
+
+
+ANONYMOUS = Principal("anonymous")
+
+
+class Authenticator:
+    """Maps ``Authorization: Bearer`` values to principals. Disabled when no token is configured."""
+
+    def __init__(self, cfg: HttpConfig) -> None:
+        self._by_hash: dict[str, Principal] = {}
+        for tok in cfg.tokens:
+            self._by_hash[tok.sha256] = Principal(tok.principal, tuple(tok.scopes), tok.rate)
+        self.enabled = bool(self._by_hash)
+
+    def authenticate(self, authorization: bytes | None) -> Principal | None:
+        """The principal for a request's Authorization header, or None (reject with 401)."""
+        if not self.enabled:
+            return ANONYMOUS
+        if not authorization:
+            return None
+        scheme, _, token = authorization.partition(b" ")
+        if scheme.lower() != b"bearer":
+            return None
+        token = token.strip()
+        if not token or len(token) > 4096:
+            return None
+        return self._by_hash.get(hashlib.sha256(token).hexdigest())
+
+
+def main(argv: list[str]) -> int:
+    principal = argv[0] if argv else "client"
+    scopes = argv[1:] or ["*"]
+    token = "tc_" + secrets.token_urlsafe(32)
+    print(f"token (give it to the client; it is not stored anywhere): {token}", file=sys.stderr)
+    scope_list = ", ".join(f'"{s}"' for s in scopes)
+    print(f'[[http.tokens]]\nprincipal = "{principal}"\nsha256 = "{hash_token(token)}"\nscopes = [{scope_list}]')
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,161 @@
+"""The ``[http]`` table of the daemon config: listeners, lock-down, limits, timeouts, observability.
+
+Example::
+
+    [http]
+    listen = "127.0.0.1:8765"           # what `toolcell serve --http` binds when given no address
+    allowed_hosts = ["mcp.internal"]    # Host names accepted besides the loopback names
+    allowed_origins = ["https://app.example.com"]
+    principal_rate = { per_s = 50, burst = 100 }
+    tool_rate = { per_s = 200 }
+    tool_rates = { "math_factor" = { per_s = 2, burst = 4 } }
+    metrics_listen = "127.0.0.1:9464"
+    audit_log = "/var/log/toolcell/audit.jsonl"   # or "-" for stderr
+
+    [[http.tokens]]
+    principal = "ci-bot"
+    sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    scopes = ["plugin:mathkit", "text_*"]
+
+Tokens are stored only as SHA-256 hex digests (``python -m runtime.auth`` mints one). A scope is
+``*`` (every tool), ``plugin:NAME`` (every tool of one plugin) or a glob on the public tool name.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+DEFAULT_PORT = 8765
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class RateLimit(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A token bucket: ``per_s`` tokens added per second, at most ``burst`` saved up."""
+
+    per_s: float
+    burst: float | None = None
+
+    @property
+    def capacity(self) -> float:
+        return self.burst if self.burst is not None else max(1.0, self.per_s)
+
+
+class Token(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    principal: str
+    #: Lowercase hex SHA-256 of the bearer token; the token itself is never stored.
+    sha256: str
+    scopes: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    #: Overrides ``principal_rate`` for this principal.
+    rate: RateLimit | None = None
+
+
+class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    listen: str | None = None
+    unix: str | None = None
+    path: str = "/mcp"
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    allowed_origins: list[str] = msgspec.field(default_factory=list)
+    tokens: list[Token] = msgspec.field(default_factory=list)
+    #: Serve a non-loopback address without tokens (refused unless set).
+    allow_unauthenticated: bool = False
+    principal_rate: RateLimit | None = None
+    tool_rate: RateLimit | None = None
+    tool_rates: dict[str, RateLimit] = msgspec.field(default_factory=dict)
+    #: Request bodies above this are refused with 413 (also capped by ``max_message_bytes``).
+    max_body_bytes: int = 4 * 1024 * 1024
+    #: Request line plus headers; above it the connection gets 431.
+    max_header_bytes: int = 16 * 1024
+    #: POST requests being handled at once across all clients (long-lived streams not counted).
+    max_concurrent_requests: int = 1024
+    #: Concurrent streams on one HTTP/2 connection (HTTP/1.1 is one at a time by nature).
+    max_requests_per_connection: int = 32
+    max_sessions: int = 10_000
+    #: Long-lived SSE streams (legacy GET streams, subscriptions/listen) open at once.
+    max_streams: int = 1_000
+    #: Keep-alive idle time, and the time a client has to finish sending request headers.
+    idle_timeout_s: float = 60.0
+    #: Time a client has to finish sending a request body.
+    body_timeout_s: float = 30.0
+    #: Unacknowledged response data older than this aborts the connection (TCP_USER_TIMEOUT).
+    write_timeout_s: float = 60.0
+    #: A legacy session with no request and no open stream for this long is forgotten.
+    session_idle_s: float = 3600.0
+    #: SSE comment keep-alives on long-lived streams.
+    keepalive_s: float = 15.0
+    #: On SIGTERM: time in-flight requests get to finish before they are cancelled.
+    shutdown_grace_s: float = 10.0
+    metrics_listen: str | None = None
+    audit_log: str | None = None
+
+
+def check_http_config(cfg: HttpConfig) -> list[str]:
+    problems: list[str] = []
+    if not cfg.path.startswith("/") or any(c in cfg.path for c in "?# "):
+        problems.append("http.path must be an absolute path like /mcp")
+    seen: set[str] = set()
+    for i, tok in enumerate(cfg.tokens):
+        if not _HEX64.match(tok.sha256):
+            problems.append(f"http.tokens[{i}].sha256 must be 64 lowercase hex digits (the token's SHA-256)")
+        elif tok.sha256 in seen:
+            problems.append(f"http.tokens[{i}]: the same token hash appears twice")
+        seen.add(tok.sha256)
+        if not tok.principal.strip():
+            problems.append(f"http.tokens[{i}].principal must not be empty")
+    rates = [("principal_rate", cfg.principal_rate), ("tool_rate", cfg.tool_rate)]
+    rates += [(f"tool_rates.{k}", v) for k, v in cfg.tool_rates.items()]
+    rates += [(f"tokens[{i}].rate", t.rate) for i, t in enumerate(cfg.tokens)]
+    for name, rate in rates:
+        if rate is not None and (rate.per_s <= 0 or rate.capacity < 1):
+            problems.append(f"http.{name}: per_s must be > 0 and burst >= 1")
+    positive = {
+        "max_body_bytes": cfg.max_body_bytes, "max_header_bytes": cfg.max_header_bytes,
+        "max_concurrent_requests": cfg.max_concurrent_requests,
+        "max_requests_per_connection": cfg.max_requests_per_connection, "max_sessions": cfg.max_sessions,
+        "max_streams": cfg.max_streams, "idle_timeout_s": cfg.idle_timeout_s, "body_timeout_s": cfg.body_timeout_s,
+        "write_timeout_s": cfg.write_timeout_s, "session_idle_s": cfg.session_idle_s, "keepalive_s": cfg.keepalive_s,
+    }
+    for name, value in positive.items():
+        if value <= 0:
+            problems.append(f"http.{name} must be > 0")
+    if cfg.max_header_bytes < 1024:
+        problems.append("http.max_header_bytes must be at least 1024")
+    if cfg.shutdown_grace_s < 0:
+        problems.append("http.shutdown_grace_s must be >= 0")
+    for name, value in (("listen", cfg.listen), ("metrics_listen", cfg.metrics_listen)):
+        if value is not None:
+            try:
+                parse_listen(value)
+            except ValueError as exc:
+                problems.append(f"http.{name}: {exc}")
+    return problems
+
+
+def parse_listen(value: str, default_host: str = "127.0.0.1", default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """``HOST:PORT``, ``:PORT``, ``PORT``, ``HOST`` or ``[v6]:PORT`` -> (host, port)."""
+    value = value.strip()
+    if not value:
+        return default_host, default_port
+    host, port_text = value, ""
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            raise ValueError(f"{value!r}: unclosed [ in an IPv6 address")
+        host, rest = value[1:end], value[end + 1:]
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError(f"{value!r}: expected [ADDRESS]:PORT")
+            port_text = rest[1:]
+    elif value.isdigit():
+        host, port_text = "", value
+    elif value.count(":") == 1:
+        host, port_text = value.split(":")
+    elif ":" in value:
+        raise ValueError(f"{value!r}: write IPv6 addresses as [ADDRESS]:PORT")
+    host = host or default_host
+    if not port_text:
+        return host, default_port
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"{value!r}: the port must be a number from 0 to 65535")
+    return host, int(port_text)

@@ -1,0 +1,68 @@
+"""Token-bucket rate limits, keyed (per principal, per tool). Sans-io: the clock is passed in.
+
+A bucket holds at most ``capacity`` tokens and refills at ``per_s`` tokens a second; a request
+takes one. When none is left the caller learns how long until one will be, to tell the client
+exactly when to retry. Buckets are created lazily and the least recently used are forgotten past
+``max_keys`` (a forgotten bucket comes back full, which only ever errs towards allowing).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Hashable
+
+from runtime.http_config import RateLimit
+
+
+class Bucket:
+    __slots__ = ("per_s", "capacity", "tokens", "stamp")
+
+    def __init__(self, limit: RateLimit, now: float) -> None:
+        self.per_s = limit.per_s
+        self.capacity = limit.capacity
+        self.tokens = self.capacity
+        self.stamp = now
+
+    def take(self, now: float) -> float:
+        """Take one token; 0.0 if allowed, else the seconds until one is available."""
+        elapsed = now - self.stamp
+        if elapsed > 0:
+            self.tokens = min(self.capacity, self.tokens + elapsed * self.per_s)
+            self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.per_s
+
+
+class RateLimiter:
+    """Buckets keyed by anything hashable, each with the limit given on first use."""
+
+    def __init__(self, max_keys: int = 100_000) -> None:
+        self._buckets: OrderedDict[Hashable, Bucket] = OrderedDict()
+        self.max_keys = max_keys
+
+    def take(self, key: Hashable, limit: RateLimit, now: float) -> float:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = Bucket(limit, now)
+            if len(self._buckets) > self.max_keys:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        return bucket.take(now)
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+
+class RateLimited(Exception):
+    """A request exceeded a limit; ``retry_after_s`` says when the next one would be allowed."""
+
+    def __init__(self, what: str, retry_after_s: float) -> None:
+        self.what = what
+        self.retry_after_s = retry_after_s
+        super().__init__(f"Rate limit exceeded for {what}; retry in {retry_after_s:.2f} s")
+
+    def data(self) -> dict[str, Any]:
+        return {"retryAfterMs": max(1, int(self.retry_after_s * 1000 + 0.999)), "limit": self.what}
