@@ -37,7 +37,7 @@ def run_probe(timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
     try:
         proc = subprocess.run(
             _probe_command(), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, cwd="/",
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, check=False,
         )
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"the isolation probe did not finish within {timeout_s:.0f} s") from None

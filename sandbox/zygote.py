@@ -67,7 +67,7 @@ def _child(chan: Any, tools: dict[str, api.ToolDef], call: Call, out: socket.soc
 
         result = run_call(tools, call, send)
         out.sendall(encode_frame(result))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (the zygote answers for a child that fails)
         code = 1
     finally:
         os._exit(code)
@@ -92,7 +92,7 @@ def _relay(chan: Any, call: Call, pid: int, inp: socket.socket) -> None:
     inp.setblocking(False)
     try:
         while not done and status is None:
-            readable, _, _ = select.select([inp, pidfd], [], [])
+            readable, _, _ = select.select([inp.fileno(), pidfd], [], [])
             if pidfd in readable:
                 _, status = os.waitpid(pid, 0)
                 _kill_others()  # nothing else may write to the pair while we drain it
@@ -114,8 +114,8 @@ def _relay(chan: Any, call: Call, pid: int, inp: socket.socket) -> None:
             for raw in frames:
                 try:
                     msg = from_worker_decoder.decode(raw)
-                except Exception:
-                    continue  # malformed: never forwarded
+                except Exception:  # noqa: BLE001, S112 (malformed, never forwarded; msgspec raises several types)
+                    continue
                 if getattr(msg, "id", None) != call.id:
                     continue
                 chan.sock.sendall(encode_frame(msg))

@@ -68,7 +68,7 @@ def _reap(child: int, alive_w: int, ident: identity.Identity | None) -> None:
     try:
         os.closerange(3, alive_w)
         os.closerange(alive_w + 1, 1 << 20)
-        kill_child = lambda *_: os.kill(child, signal.SIGKILL)  # noqa: E731
+        kill_child = lambda *_: os.kill(child, signal.SIGKILL)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, kill_child)
         if ident is not None and os.geteuid() == 0:
@@ -87,7 +87,7 @@ def _reap(child: int, alive_w: int, ident: identity.Identity | None) -> None:
             os.kill(os.getpid(), -code)
             code = 128 - code
         os._exit(code)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (whatever broke, the reaper must not outlive pid 1)
         os.kill(child, signal.SIGKILL)
         os._exit(125)
 

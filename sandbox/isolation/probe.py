@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from sandbox.isolation import LAYERS, cgroups, identity, landlock, namespaces, paths, rlimits, seccomp, syscalls
 from sandbox.wire import Init, Limits, Permissions
@@ -104,16 +104,16 @@ def _namespaces_fix(err: str) -> tuple[str, str]:
     container = _in_container()
     if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
         return ("Ubuntu's AppArmor restricts unprivileged user namespaces",
-                "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for the "
-                "interpreter granting 'userns,'")
+                ("sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for the "
+                "interpreter granting 'userns,'"))
     if _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
         return "unprivileged user namespaces are disabled", "sysctl -w kernel.unprivileged_userns_clone=1"
     if _read("/proc/sys/user/max_user_namespaces") == "0":
         return "user.max_user_namespaces is 0", "sysctl -w user.max_user_namespaces=15000"
     if container:
         return (f"running inside {container}: its default seccomp profile blocks unshare/mount",
-                "run the container with --security-opt seccomp=unconfined (or a profile allowing unshare, "
-                "mount, setns) and --security-opt apparmor=unconfined, or run toolcell on the host")
+                ("run the container with --security-opt seccomp=unconfined (or a profile allowing unshare, "
+                "mount, setns) and --security-opt apparmor=unconfined, or run toolcell on the host"))
     return "namespaces could not be created", "check the kernel config (CONFIG_USER_NS, CONFIG_PID_NS, CONFIG_NET_NS)"
 
 
@@ -171,6 +171,7 @@ def probe_landlock(_: int) -> str:
     abi = landlock.abi_version()
     if abi < 1:
         raise OSError("landlock_create_ruleset: not supported (ENOSYS) or not enabled (EOPNOTSUPP)")
+    syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)  # required without CAP_SYS_ADMIN (as in a worker)
     landlock.apply(paths.Allowlist(read=["/usr"]))
     features = ["filesystem"]
     if abi >= 4:
@@ -211,15 +212,15 @@ def _fix(layer: str, err: str) -> tuple[str, str]:
     if layer == "cgroup":
         if cgroups.layout("x") is None:
             return (f"no usable cgroup: v1 memory+pids not mounted and cgroup v2 not delegated ({err})",
-                    "cgroup v2: run the daemon in a delegated cgroup (systemd: Delegate=yes, e.g. systemd-run "
-                    "--user -p Delegate=yes toolcell ...) with memory and pids in its subtree_control")
+                    ("cgroup v2: run the daemon in a delegated cgroup (systemd: Delegate=yes, e.g. systemd-run "
+                    "--user -p Delegate=yes toolcell ...) with memory and pids in its subtree_control"))
         if "not delegated" in err or "EBUSY" in err or "Device or resource busy" in err:
             return (f"cgroup v2 not delegated ({err})",
-                    "move the daemon into a leaf cgroup of a delegated subtree (Delegate=yes) so it can enable "
-                    "memory and pids for its children")
+                    ("move the daemon into a leaf cgroup of a delegated subtree (Delegate=yes) so it can enable "
+                    "memory and pids for its children"))
         return (f"cannot create the worker cgroup ({err})",
-                "the cgroup filesystem must be writable by the daemon (in a container: --cgroupns=private with a "
-                "delegated, writable cgroup mount)")
+                ("the cgroup filesystem must be writable by the daemon (in a container: --cgroupns=private with a "
+                "delegated, writable cgroup mount)"))
     if layer == "seccomp":
         if "libseccomp" in err:
             return err, "install libseccomp (Debian/Ubuntu: apt-get install libseccomp2)"

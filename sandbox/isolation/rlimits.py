@@ -13,7 +13,7 @@ AS_SLACK_MB = 512
 
 
 def _cap(which: int, value: int) -> None:
-    soft, hard = resource.getrlimit(which)
+    _soft, hard = resource.getrlimit(which)
     if hard != resource.RLIM_INFINITY:
         value = min(value, hard)
     resource.setrlimit(which, (value, value))

@@ -23,7 +23,7 @@ SCMP_CMP_GT = 6
 SCMP_CMP_MASKED_EQ = 7
 
 
-def SCMP_ACT_ERRNO(err: int) -> int:  # noqa: N802 (the C macro's name)
+def SCMP_ACT_ERRNO(err: int) -> int:
     return 0x00050000 | (err & 0xFFFF)
 
 
@@ -121,7 +121,7 @@ def build_and_load(*, allow_inet: bool) -> list[str]:
             if allow_inet:
                 keep = {socket.AF_UNIX, socket.AF_INET, socket.AF_INET6}
                 top = max(keep)
-                for fam in range(0, top):
+                for fam in range(top):
                     if fam not in keep:
                         _rule(lib, ctx, eperm, sock, (0, SCMP_CMP_EQ, fam, 0))
                 _rule(lib, ctx, eperm, sock, (0, SCMP_CMP_GT, top, 0))

@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from sandbox_harness import Worker, write_plugin  # noqa: E402
+from sandbox_harness import Worker, write_plugin
 
 # Each tool tries one attack and reports {"ok": <the attack worked>, "detail": ...} as JSON text.
 ATTACK_PLUGIN = r'''

@@ -11,7 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from sandbox.wire import Call, Init, Limits, Permissions, Shutdown, encode_frame, from_worker_decoder, split_frames
 
@@ -71,7 +71,7 @@ class Worker:
             start_new_session=True,
             env=env or {"PATH": "/usr/bin:/bin"},
             cwd=self.scratch,
-            preexec_fn=None if child.fileno() == ipc_fd else _dup_to(child.fileno(), ipc_fd),
+            preexec_fn=None if child.fileno() == ipc_fd else _dup_to(child.fileno(), ipc_fd),  # noqa: PLW1509
         )
         child.close()
         self.buf = bytearray()
@@ -144,7 +144,7 @@ class Worker:
         subprocess.run(["rm", "-rf", self.scratch], check=False)
         return err.decode(errors="replace")
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -12,8 +12,9 @@ import os
 import socket
 import subprocess
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from sandbox_harness import Worker, text_of
