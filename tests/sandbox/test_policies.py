@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 from sandbox_harness import Worker, text_of
 
 from sandbox.isolation import LAYERS, cgroups
+from sandbox.wire import Permissions
 
 NO_LANDLOCK = "import sandbox.isolation.landlock as _ll; _ll.abi_version = lambda: 0"
 
@@ -74,7 +76,8 @@ def test_ipc_fd_other_than_3_keeps_working(spawn: Callable[..., Worker], require
 def test_only_stdio_and_the_ipc_fd_are_open_in_the_plugin(spawn: Callable[..., Worker], require: Any) -> None:
     require("namespaces", "landlock")
     w = spawn("strict")
-    got = json.loads(text_of(w.call("list_dir", path="/proc/self/fd")) if w.ready() else "")
+    w.ready()
+    got = json.loads(text_of(w.call("list_dir", path="/proc/self/fd")))
     assert got["ok"], got
     fds = sorted(int(x) for x in json.loads(got["detail"].replace("'", '"')))
     # 0-2 stdio, 3 IPC, plus the one listdir itself opened.
@@ -117,3 +120,21 @@ def test_plugin_dir_under_a_root_only_directory_is_reachable(
     assert (os.stat(tmp_path.parent.parent).st_mode & 0o077) == 0 or os.geteuid() != 0
     w = spawn("strict")
     assert type(w.ready()).__name__ == "Ready"
+
+
+def test_network_grant_opens_only_the_granted_port(spawn: Callable[..., Worker], require: Any) -> None:
+    require(*LAYERS)
+    granted, other = socket.socket(), socket.socket()
+    for srv in (granted, other):
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+    try:
+        port, other_port = granted.getsockname()[1], other.getsockname()[1]
+        w = spawn("strict", permissions=Permissions(network=[f"127.0.0.1:{port}"]))
+        assert w.ready().layers == list(LAYERS)
+        assert json.loads(text_of(w.call("tcp_connect", port=port)))["ok"]
+        denied = json.loads(text_of(w.call("tcp_connect", port=other_port)))
+        assert not denied["ok"] and "Permission denied" in denied["detail"]
+    finally:
+        granted.close()
+        other.close()
