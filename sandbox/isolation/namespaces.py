@@ -71,6 +71,7 @@ def _reap(child: int, alive_w: int, ident: identity.Identity | None) -> None:
         kill_child = lambda *_: os.kill(child, signal.SIGKILL)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, kill_child)
+        hygiene._on_orphaned.append(kill_child)  # the daemon died: take pid 1 (and so everything) along
         if ident is not None and os.geteuid() == 0:
             identity.drop(ident)
         else:
@@ -100,6 +101,7 @@ def _fork_into_pid_ns(ident: identity.Identity | None, net: bool) -> Entered:
         _reap(pid, alive_w, ident)
     os.close(alive_w)
     os.setsid()  # own session: a kill(0, ...) from inside never reaches the reaper's process group
+    hygiene.forked_from_single_thread()
     hygiene.arm_parent_death_signal(alive_fd=alive_r)
     return Entered(alive_fd=alive_r, net=net)
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -138,3 +142,56 @@ def test_network_grant_opens_only_the_granted_port(spawn: Callable[..., Worker],
     finally:
         granted.close()
         other.close()
+
+
+def test_worker_survives_the_exit_of_the_thread_that_spawned_it(plugin_dir: Path, require: Any) -> None:
+    # trio spawns from its thread cache; PR_SET_PDEATHSIG fires when that *thread* exits.
+    require("namespaces")
+    box: list[Any] = []
+
+    def spawn_and_wait_ready() -> None:  # the thread exits only once the worker armed its signal
+        box.append(Worker(plugin_dir, policy="strict"))
+        box.append(box[0].ready())
+
+    t = threading.Thread(target=spawn_and_wait_ready)
+    t.start()
+    t.join(timeout=10)
+    w = box[0]
+    try:
+        assert type(box[1]).__name__ == "Ready"
+        time.sleep(0.1)
+        assert json.loads(text_of(w.call("whoami")))["pid"] == 1
+        assert w.proc.poll() is None
+    finally:
+        w.close()
+
+
+DAEMON_STANDIN = r"""
+import sys, time
+sys.path[:0] = {paths!r}
+from sandbox_harness import Worker
+from pathlib import Path
+w = Worker(Path({plugin!r}), policy="strict")
+w.ready()
+w.call("spawn_survivor", seconds=30)
+print(w.proc.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_whole_worker_tree_dies_with_the_daemon(plugin_dir: Path, require: Any) -> None:
+    require("namespaces", "cgroup")
+    here = os.path.dirname(__file__)
+    code = DAEMON_STANDIN.format(paths=[here, str(Path(here).parents[1])], plugin=str(plugin_dir))
+    daemon = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        assert daemon.stdout is not None
+        ready, _, _ = select.select([daemon.stdout], [], [], 10)
+        assert ready, "stand-in daemon did not start a worker"
+        worker_pid = int(daemon.stdout.readline())
+        assert len(cgroups.members(worker_pid)) >= 3
+    finally:
+        daemon.kill()
+        daemon.wait(timeout=5)
+    assert wait_until(lambda: cgroups.members(worker_pid) == [])
+    assert cgroups.cleanup(worker_pid)
