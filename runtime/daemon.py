@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import trio
@@ -16,6 +17,7 @@ import trio
 from runtime.config import Config
 from runtime.logs import log
 from runtime.plugins import Plugin, discover, load_plugin, resolve_conflicts
+from runtime.reload import fingerprint
 from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.core import Core, ToolCall
 from runtime.registry import Catalog
@@ -29,8 +31,12 @@ class Daemon:
     def __init__(self, config: Config, nursery: trio.Nursery) -> None:
         self.config = config
         self.nursery = nursery
+        #: Loaded plugins by folder path.
         self.plugins: dict[str, Plugin] = {}
         self.failed: list[Plugin] = []
+        self._reload_lock = trio.Lock()
+        self.reloads = 0
+        self.reload_failures = 0
         self.catalog = Catalog(0, [], config.page_size)
         self.core = Core(lambda: self.catalog, list_ttl_ms=config.list_ttl_ms, instructions=config.instructions)
         self._subscribers: set[Callable[[], None]] = set()
@@ -41,30 +47,93 @@ class Daemon:
 
     # -- plugins and catalog -------------------------------------------------------------------
 
-    async def load(self, describe_only: bool = False) -> list[Plugin]:
-        paths = discover(self.config.plugins)
-        results: list[Plugin] = []
+    async def _load_paths(self, paths: list[Path], describe_only: bool = False) -> dict[Path, Plugin]:
+        results: dict[Path, Plugin] = {}
 
-        async def one(path: Any) -> None:
-            results.append(await load_plugin(path, self.nursery, self.config.policy, self.config.state_dir,
-                                             self.config.min_workers, describe_only, on_kill=self._on_kill))
+        async def one(path: Path) -> None:
+            plugin = await load_plugin(path, self.nursery, self.config.policy, self.config.state_dir,
+                                       self.config.min_workers, describe_only, on_kill=self._on_kill)
+            plugin.fingerprint = fingerprint(path)
+            results[path] = plugin
 
         async with trio.open_nursery() as n:
             for path in paths:
                 n.start_soon(one, path)
-        results.sort(key=lambda p: (p.name, str(p.path)))
-        for plugin in results:
-            if plugin.ok:
-                self.plugins[plugin.name] = plugin
-                log("plugin_loaded", plugin=plugin.name, tools=len(plugin.entries), layers=plugin.layers)
-            else:
-                self.failed.append(plugin)
-                log("plugin_refused", level="error", plugin=plugin.name, path=str(plugin.path), problems=plugin.problems)
-        self.publish()
-        self.ready = True
         return results
 
-    def publish(self) -> None:
+    def _admit(self, plugin: Plugin) -> bool:
+        """Record a freshly loaded plugin as serving or refused. Duplicate plugin names are refused."""
+        if plugin.ok:
+            other = next((p for p in self.plugins.values() if p.name == plugin.name and p.path != plugin.path), None)
+            if other is not None:
+                plugin.problems = [f"plugin name {plugin.name!r} is already used by {other.path}"]
+                if plugin.pool is not None:
+                    self.nursery.start_soon(plugin.pool.aclose, 0)
+                    plugin.pool = None
+                plugin.entries = []
+        if plugin.ok:
+            self.plugins[str(plugin.path)] = plugin
+            log("plugin_loaded", plugin=plugin.name, tools=len(plugin.entries), layers=plugin.layers)
+            return True
+        self.failed.append(plugin)
+        log("plugin_refused", level="error", plugin=plugin.name, path=str(plugin.path), problems=plugin.problems)
+        return False
+
+    async def load(self, describe_only: bool = False) -> list[Plugin]:
+        results = await self._load_paths(discover(self.config.plugins), describe_only)
+        ordered = sorted(results.values(), key=lambda p: (p.name, str(p.path)))
+        for plugin in ordered:
+            self._admit(plugin)
+        self.publish()
+        self.ready = True
+        return ordered
+
+    async def reload(self) -> bool:
+        """Bring the catalog in line with the plugin folders; returns True if the tool set changed."""
+        async with self._reload_lock:
+            self.reloads += 1
+            paths = discover(self.config.plugins)
+            known: dict[Path, Plugin] = {p.path: p for p in list(self.plugins.values()) + self.failed}
+            changed = [path for path in paths if path not in known or known[path].fingerprint != fingerprint(path)]
+            removed = [p for path, p in known.items() if path not in set(paths)]
+            if not changed and not removed:
+                return False
+            fresh = await self._load_paths(changed)
+            retiring = []
+            for path in changed:
+                new, old = fresh[path], known.get(path)
+                if not new.ok and old is not None and old.ok:
+                    # Broken edit: keep serving the last good version, say why until it is fixed.
+                    old.reload_error = list(new.problems)
+                    old.fingerprint = new.fingerprint
+                    self.reload_failures += 1
+                    log("plugin_reload_failed", level="error", plugin=old.name, path=str(path), problems=new.problems,
+                        note="the previous version keeps serving")
+                    continue
+                if old is not None:
+                    if old.ok:
+                        self.plugins.pop(str(path), None)
+                        if old.pool is not None:
+                            retiring.append(old.pool)
+                    elif old in self.failed:
+                        self.failed.remove(old)
+                if not self._admit(new):
+                    self.reload_failures += 1
+            for old in removed:
+                if old.ok:
+                    self.plugins.pop(str(old.path), None)
+                    if old.pool is not None:
+                        retiring.append(old.pool)
+                    log("plugin_removed", plugin=old.name, path=str(old.path))
+                elif old in self.failed:
+                    self.failed.remove(old)
+            changed_tools = self.publish()
+            for pool in retiring:
+                self.nursery.start_soon(pool.retire)
+            log("reloaded", catalog_version=self.catalog.version, tools=len(self.catalog), changed=changed_tools)
+            return changed_tools
+
+    def publish(self) -> bool:
         """Build a new catalog version from the loaded plugins; notify if the tool set changed."""
         entries = resolve_conflicts(list(self.plugins.values()))
         new = Catalog(self.catalog.version + 1, entries, self.config.page_size)
@@ -73,6 +142,7 @@ class Daemon:
         if changed and new.version > 1:
             for notify in list(self._subscribers):
                 notify()
+        return changed
 
     def subscribe(self, notify: Callable[[], None]) -> Callable[[], None]:
         """Call ``notify()`` whenever the tool set changes; returns the unsubscribe function."""
@@ -175,7 +245,8 @@ class Daemon:
         if not self.call_hooks:
             return
         event = {"tool": call.entry.name, "plugin": call.entry.plugin, "principal": principal, "outcome": outcome,
-                 "duration_s": time.perf_counter() - started, "argument_keys": len(call.arguments)}
+                 "duration_s": time.perf_counter() - started, "argument_keys": len(call.arguments),
+                 "argument_bytes": len(rpc.encode(call.arguments))}
         for hook in self.call_hooks:
             hook(event)
 

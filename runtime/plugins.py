@@ -32,6 +32,10 @@ class Plugin:
     problems: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     layers: list[str] = field(default_factory=list)
+    #: Digest of the folder's files when this version was loaded (hot reload compares it).
+    fingerprint: str = ""
+    #: Problems of a newer version on disk that failed to load; this version keeps serving.
+    reload_error: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:

@@ -8,10 +8,13 @@ done. After a cancellation nothing more is sent for that request.
 
 from __future__ import annotations
 
+import traceback
 from typing import Any, Callable
 
 import trio
 
+from runtime.logs import log
+from runtime.protocol import jsonrpc as rpc
 from runtime.daemon import Daemon
 from runtime.protocol.core import Batch, Cancel, ConnState, Listen, Reply, ToolCall
 
@@ -40,7 +43,14 @@ class Session:
 
     def receive(self, data: bytes | memoryview) -> None:
         catalog = self.catalog_view() if self.catalog_view is not None else None
-        self.dispatch(self.core.receive(self.state, data, catalog))
+        try:
+            action = self.core.receive(self.state, data, catalog)
+        except Exception as exc:  # our bug: answer -32603, log it, keep serving everyone else
+            log("internal_error", level="error", error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(limit=15))
+            self.emit(rpc.error_response(b"null", rpc.INTERNAL_ERROR, "Internal error"))
+            return
+        self.dispatch(action)
 
     def dispatch(self, action: Any) -> None:
         if type(action) is ToolCall:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -118,19 +119,19 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-#: Pids of every worker process this daemon started and has not reaped yet (all pools).
-LIVE_WORKER_PIDS: set[int] = set()
-#: Set in every worker's environment; inherited by whatever it forks.
+#: Tokens of every worker this daemon started (registered before the spawn) and has not reaped.
+LIVE_WORKER_TOKENS: set[str] = set()
+#: Set to ``plugin:token`` in every worker's environment; inherited by whatever it forks.
 WORKER_MARKER = "TOOLCELL_WORKER"
 
 
 def _is_escaped_worker_process(proc: psutil.Process) -> bool:
+    """A process carrying the marker of a worker that is gone."""
     try:
-        if "from sandbox.worker import main" in " ".join(proc.cmdline()):
-            return True
-        return WORKER_MARKER in proc.environ()
+        marker = proc.environ().get(WORKER_MARKER)
     except psutil.Error:
         return False
+    return marker is not None and marker.rpartition(":")[2] not in LIVE_WORKER_TOKENS
 
 
 def sweep_orphans() -> int:
@@ -145,7 +146,7 @@ def sweep_orphans() -> int:
     except psutil.Error:
         return 0
     for child in children:
-        if child.pid in LIVE_WORKER_PIDS or not _is_escaped_worker_process(child):
+        if not _is_escaped_worker_process(child):
             continue
         try:
             if child.status() != psutil.STATUS_ZOMBIE:
@@ -168,14 +169,14 @@ class PoolSpec:
     min_workers: int = 1
     describe_only: bool = False
 
-    def env(self) -> dict[str, str]:
+    def env(self, token: str = "") -> dict[str, str]:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": os.environ.get("TZ", "UTC"),
                }
         for name in self.manifest.env.allow:
             if name in os.environ:
                 env[name] = os.environ[name]
         env.update(self.manifest.env.set)
-        env[WORKER_MARKER] = self.manifest.name
+        env[WORKER_MARKER] = f"{self.manifest.name}:{token}"
         return env
 
 
@@ -183,7 +184,7 @@ class Worker:
     """One worker process and its IPC socket (used raw: trio only waits for readiness)."""
 
     __slots__ = ("proc", "raw", "buf", "pid", "ready", "dead", "scratch", "max_frame", "calls", "layers",
-                 "output_tail", "exited", "pending", "out", "out_wake", "sending")
+                 "output_tail", "exited", "pending", "out", "out_wake", "sending", "token")
 
     def __init__(self, proc: trio.Process, raw: socket.socket, scratch: str, max_frame: int) -> None:
         self.proc = proc
@@ -204,6 +205,7 @@ class Worker:
         self.out: list[bytes] = []
         self.out_wake = trio.Event()
         self.sending = False
+        self.token = ""
 
     def write(self, data: bytes) -> bool:
         """Send ``data`` now if the socket takes it, else leave it to the writer task.
@@ -296,6 +298,8 @@ class WorkerPool:
         self.queue: collections.deque[Slot] = collections.deque()
         self.ready: wire.Ready | None = None
         self.closed = False
+        #: Set when a newer version replaced this pool: no new calls, queued and running ones finish.
+        self.retiring = False
         self.restarts = 0
         self.limit_kills = 0
         self.start_failures = 0
@@ -309,14 +313,14 @@ class WorkerPool:
 
     # -- start-up ------------------------------------------------------------------------------
 
-    def _init_frame(self, scratch: str) -> wire.Init:
+    def _init_frame(self, scratch: str, token: str) -> wire.Init:
         m = self.spec.manifest
         return wire.Init(
             plugin_name=m.name,
             plugin_dir=self.spec.plugin_dir,
             entry=m.entry,
             sys_path=WORKER_SYS_PATH,
-            env=self.spec.env(),
+            env=self.spec.env(token),
             limits=m.limits,
             permissions=m.permissions,
             policy=self.spec.policy,
@@ -331,6 +335,8 @@ class WorkerPool:
         scratch = tempfile.mkdtemp(prefix=f"{self.name}-", dir=self.spec.state_dir)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fd = child.fileno()
+        token = secrets.token_hex(8)
+        LIVE_WORKER_TOKENS.add(token)
         # The IPC socket always lands on fd 3 in the worker (only 0-2 and it survive the exec).
         move = "" if fd == 3 else f"import os;os.dup2({fd},3);os.close({fd});"
         bootstrap = (
@@ -345,22 +351,23 @@ class WorkerPool:
                 stderr=__import__("subprocess").STDOUT,
                 pass_fds=(fd,),
                 start_new_session=True,
-                env=self.spec.env(),
+                env=self.spec.env(token),
                 cwd=scratch,
             )
         except OSError as exc:
+            LIVE_WORKER_TOKENS.discard(token)
             parent.close()
             shutil.rmtree(scratch, ignore_errors=True)
             raise PluginLoadError("spawn", f"could not start a worker: {exc}") from None
         finally:
             child.close()
-        LIVE_WORKER_PIDS.add(proc.pid)
         parent.setblocking(False)
         worker = Worker(proc, parent, scratch, self._max_frame)
+        worker.token = token
         self.nursery.start_soon(self._watch, worker)
         self.nursery.start_soon(self._write_loop, worker)
         try:
-            if not worker.write(wire.encode_frame(self._init_frame(scratch))):
+            if not worker.write(wire.encode_frame(self._init_frame(scratch, token))):
                 raise WorkerFailure("crashed", "the worker process exited unexpectedly")
             with trio.fail_after(START_TIMEOUT_S):
                 msg = await worker.read_message()
@@ -474,7 +481,7 @@ class WorkerPool:
 
     def submit(self, slot: Slot) -> None:
         """Start ``slot`` on an idle worker or queue it. Raises ``PoolBusy`` / ``WorkerFailure``."""
-        if self.closed:
+        if self.closed or self.retiring:
             raise WorkerFailure("unavailable", f"plugin {self.name} is shutting down")
         while self.idle:
             worker = self.idle.pop()
@@ -706,9 +713,16 @@ class WorkerPool:
                 log("worker_exited", level="warning", plugin=self.name, pid=worker.pid,
                     returncode=worker.proc.returncode)
             self._fail_worker(worker, WorkerFailure("crashed", describe_exit(worker.proc.returncode)))
-            LIVE_WORKER_PIDS.discard(worker.pid)
+            LIVE_WORKER_TOKENS.discard(worker.token)
             sweep_orphans()
             shutil.rmtree(worker.scratch, ignore_errors=True)
+
+    async def retire(self) -> None:
+        """Let every call already given to this pool finish (each within its deadline), then close."""
+        self.retiring = True
+        while self.in_flight and not self.closed:
+            await trio.sleep(0.02)
+        await self.aclose(grace_s=0)
 
     async def aclose(self, grace_s: float = 2.0) -> None:
         """Stop accepting calls, let in-flight ones finish for up to ``grace_s``, then kill all."""

@@ -106,9 +106,16 @@ class Batch:
     actions: list[Any] = field(default_factory=list)
 
 
+def _clip(value: Any, limit: int = 80) -> str:
+    """Client-supplied text quoted in an error message, kept to one short sentence."""
+    text = value if isinstance(value, str) else repr(value)
+    text = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def _level_index(level: Any) -> int:
     if not isinstance(level, str) or level not in wire.LOG_LEVELS:
-        raise ProtocolError(rpc.INVALID_PARAMS, f"Invalid log level {level!r}; use one of: {', '.join(wire.LOG_LEVELS)}")
+        raise ProtocolError(rpc.INVALID_PARAMS, f"Invalid log level {_clip(level, 40)}; use one of: {', '.join(wire.LOG_LEVELS)}")
     return wire.LOG_LEVELS.index(level)
 
 
@@ -201,7 +208,7 @@ class Core:
         if method == "logging/setLevel":
             state.log_level = _level_index(params.level if params is not None else None)
             return Reply(rpc.response(id_bytes, b"{}"))
-        raise ProtocolError(rpc.METHOD_NOT_FOUND, f"Method not found: {method}")
+        raise ProtocolError(rpc.METHOD_NOT_FOUND, f"Method not found: {_clip(method)}")
 
     def _initialize(self, state: ConnState, id_bytes: bytes, params: Any) -> Reply:
         if params is None or not isinstance(params.protocolVersion, str):
@@ -270,7 +277,7 @@ class Core:
                 raise ProtocolError(rpc.INVALID_PARAMS, "Invalid params: notifications must be an object")
             wanted = bool((notes or {}).get("toolsListChanged"))
             return Listen(id_bytes, env.id, wanted, version)
-        raise ProtocolError(rpc.METHOD_NOT_FOUND, f"Method not found: {method}")
+        raise ProtocolError(rpc.METHOD_NOT_FOUND, f"Method not found: {_clip(method)}")
 
     def _wrap_modern(self, body: bytes) -> bytes:
         """Add ``resultType`` and the serverInfo ``_meta`` to a result object's JSON."""
@@ -303,7 +310,7 @@ class Core:
         cat = catalog or self._catalog()
         entry = cat.get(params.name) if isinstance(params.name, str) else None
         if entry is None:
-            raise ProtocolError(rpc.INVALID_PARAMS, f"Unknown tool: {params.name}")
+            raise ProtocolError(rpc.INVALID_PARAMS, f"Unknown tool: {_clip(params.name)}")
         args = params.arguments
         if args is None:
             args = {}
@@ -315,7 +322,10 @@ class Core:
             if token is not None and not rpc.valid_id(token):
                 raise ProtocolError(rpc.INVALID_PARAMS, "Invalid params: progressToken must be a string or an integer")
         call = ToolCall(id_bytes, env.id, entry, args, version, token, log_level, modern)
-        problem = describe_validation_error(entry.checked.validator, args)
+        try:
+            problem = describe_validation_error(entry.checked.validator, args)
+        except (ValueError, RecursionError):
+            problem = "arguments are nested too deeply to validate"
         if problem is not None:
             message = f"Invalid arguments for tool {entry.name}: {problem}"
             if eras.validation_error_as_result(version):
