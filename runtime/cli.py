@@ -51,22 +51,26 @@ def table(rows: list[list[str]], headers: list[str]) -> str:
 
 
 async def _serve(cfg: Config, args: argparse.Namespace) -> None:
-    from runtime.daemon import open_daemon
-    from runtime.transports.stdio import serve_stdio
+    from runtime.serve import serve
 
-    async with open_daemon(cfg) as daemon:
-        logs.log("serving", transport="stdio", tools=len(daemon.catalog), plugins=len(daemon.plugins),
-                 refused=len(daemon.failed), policy=cfg.policy)
-        await serve_stdio(daemon)
+    await serve(cfg, stdio=args.stdio, http=args.http, unix=args.unix)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    cfg = _config(args, page_size=args.page_size)
+    cfg = _config(args, page_size=args.page_size, watch=False if args.no_watch else None)
     logs.configure(cfg.log_level)
-    if not args.stdio:
-        print("toolcell serve: choose a transport: --stdio", file=sys.stderr)
+    if not (args.stdio or args.http is not None or args.unix):
+        print("toolcell serve: choose a transport: --stdio, --http [HOST:PORT] and/or --unix PATH", file=sys.stderr)
         return 2
-    trio.run(_serve, cfg, args)
+    try:
+        trio.run(_serve, cfg, args)
+    except Exception as exc:  # a listener that cannot bind, an unsafe address: say so plainly
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]
+        if not isinstance(exc, (OSError, ValueError)):
+            raise
+        print(f"toolcell serve: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -183,6 +187,19 @@ def cmd_call(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    from runtime.reload import pidfile_path, send_reload
+
+    cfg = _config(args)
+    try:
+        pid = send_reload(cfg.state_dir)
+    except (OSError, ValueError) as exc:
+        print(f"toolcell reload: no running daemon found via {pidfile_path(cfg.state_dir)}: {exc}", file=sys.stderr)
+        return 1
+    print(f"toolcell reload: asked daemon {pid} to reload its plugins")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     try:
         from runtime import doctor
@@ -200,7 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("serve", help="serve MCP clients")
     _add_common(p)
     p.add_argument("--stdio", action="store_true", help="serve one client on stdin/stdout")
+    p.add_argument("--http", nargs="?", const="", metavar="HOST:PORT",
+                   help="serve Streamable HTTP at http://HOST:PORT/mcp (default: http.listen from the config, "
+                        "else 127.0.0.1:8765); combinable with --stdio")
+    p.add_argument("--unix", metavar="PATH", help="serve Streamable HTTP on a unix socket too")
     p.add_argument("--page-size", type=int, help="tools per tools/list page")
+    p.add_argument("--no-watch", action="store_true", help="do not watch plugin folders (SIGHUP / toolcell reload still work)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("list", help="list the tools a plugin folder provides")
@@ -218,6 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_common(p)
     p.add_argument("plugin_dir")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("reload", help="ask the running daemon to reload its plugin folders (SIGHUP)")
+    _add_common(p)
+    p.set_defaults(func=cmd_reload)
 
     p = sub.add_parser("doctor", help="probe which isolation layers this machine supports")
     p.add_argument("rest", nargs=argparse.REMAINDER)

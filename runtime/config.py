@@ -42,6 +42,10 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     #: Pre-started workers per plugin (each plugin may grow to its max_concurrency).
     min_workers: int = 1
     instructions: str | None = None
+    #: Hot reload: watch the plugin folders for changes (SIGHUP and `toolcell reload` always work).
+    watch: bool = True
+    #: Changes closer together than this are one reload (an editor saving several files).
+    reload_debounce_ms: int = 150
     #: The HTTP transport: listeners, Host/Origin allowlists, tokens, limits (see runtime.http_config).
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
 
@@ -66,6 +70,8 @@ def check_config(cfg: Config) -> list[str]:
         problems.append("min_workers must be between 0 and 64")
     if cfg.max_inflight < 1:
         problems.append("max_inflight must be >= 1")
+    if not 10 <= cfg.reload_debounce_ms <= 60_000:
+        problems.append("reload_debounce_ms must be between 10 and 60000")
     problems.extend(check_http_config(cfg.http))
     return problems
 

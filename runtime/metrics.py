@@ -1,0 +1,158 @@
+"""Prometheus metrics, served on their own listener (never on the MCP endpoint).
+
+Per-call numbers (calls and errors by tool, latency histogram per tool) come from one
+``Daemon.call_hooks`` entry; everything else (queue depth, workers alive and restarted, limit
+kills, HTTP statuses, sessions, streams) is read from the live objects at scrape time, so nothing
+is counted twice and nothing costs anything between scrapes. Off unless ``http.metrics_listen``
+is set; ``prometheus_client`` is imported only then.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import trio
+
+from runtime.daemon import Daemon
+
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    def __init__(self, daemon: Daemon) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.daemon = daemon
+        self.apps: list[Any] = []
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._calls = Counter("toolcell_tool_calls", "Tool calls that reached a worker pool, by outcome",
+                              ["tool", "outcome"], registry=self.registry)
+        self._errors = Counter("toolcell_tool_call_errors", "Tool calls that did not end ok (tool errors included)",
+                               ["tool", "kind"], registry=self.registry)
+        self._latency = Histogram("toolcell_tool_call_duration_seconds", "Tool call latency (queue + run)", ["tool"],
+                                  buckets=_BUCKETS, registry=self.registry)
+        self.registry.register(_Live(self))
+
+    def hook(self, event: dict[str, Any]) -> None:
+        tool = event["tool"]
+        outcome = event["outcome"]
+        self._calls.labels(tool, outcome).inc()
+        if outcome != "ok":
+            self._errors.labels(tool, outcome).inc()
+        self._latency.labels(tool).observe(event.get("duration_s", 0.0))
+
+    def add_app(self, app: Any) -> None:
+        self.apps.append(app)
+
+    def exposition(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return bytes(generate_latest(self.registry))
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """A tiny ASGI app: ``GET /metrics``."""
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+            from prometheus_client import CONTENT_TYPE_LATEST
+
+            status, body, ctype = 200, self.exposition(), CONTENT_TYPE_LATEST.encode()
+        else:
+            status, body, ctype = 404, b"Not Found: try /metrics\n", b"text/plain"
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _Live:
+    """Reads gauges and pool counters at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        daemon = self.metrics.daemon
+        inflight = GaugeMetricFamily("toolcell_calls_in_flight", "Tool calls running or queued")
+        inflight.add_metric([], daemon.inflight)
+        yield inflight
+        tools = GaugeMetricFamily("toolcell_tools", "Tools in the catalog")
+        tools.add_metric([], len(daemon.catalog))
+        yield tools
+        plugins = GaugeMetricFamily("toolcell_plugins", "Plugins by state", labels=["state"])
+        plugins.add_metric(["loaded"], len(daemon.plugins))
+        plugins.add_metric(["refused"], len(daemon.failed))
+        yield plugins
+        queue = GaugeMetricFamily("toolcell_queue_depth", "Calls waiting for a worker", labels=["plugin"])
+        alive = GaugeMetricFamily("toolcell_workers_alive", "Worker processes alive", labels=["plugin"])
+        restarts = CounterMetricFamily("toolcell_worker_restarts", "Workers started to replace lost ones",
+                                       labels=["plugin"])
+        kills = CounterMetricFamily("toolcell_limit_kills", "Workers killed for exceeding a limit", labels=["plugin"])
+        for name, plugin in sorted(daemon.plugins.items()):
+            pool = plugin.pool
+            if pool is None:
+                continue
+            queue.add_metric([name], len(getattr(pool, "queue", ())))
+            alive.add_metric([name], len(getattr(pool, "workers", ())))
+            restarts.add_metric([name], getattr(pool, "restarts", 0))
+            kills.add_metric([name], getattr(pool, "limit_kills", 0))
+        yield from (queue, alive, restarts, kills)
+        busy = CounterMetricFamily("toolcell_busy_rejections", "Calls refused because a queue was full")
+        busy.add_metric([], daemon.stats.get("busy", 0))
+        yield busy
+        apps = self.metrics.apps
+        if not apps:
+            return
+        statuses = CounterMetricFamily("toolcell_http_responses", "HTTP responses by status", labels=["status"])
+        limited = CounterMetricFamily("toolcell_http_rate_limited", "Requests refused by a rate limit", labels=["limit"])
+        sessions = GaugeMetricFamily("toolcell_http_sessions", "Open legacy sessions")
+        streams = GaugeMetricFamily("toolcell_http_streams", "Open long-lived SSE streams")
+        active = GaugeMetricFamily("toolcell_http_active_requests", "POST requests being handled")
+        counts: dict[int, int] = {}
+        limits: dict[str, int] = {}
+        n_sessions = n_streams = n_active = 0
+        for app in apps:
+            for status, n in app.status_counts.items():
+                counts[status] = counts.get(status, 0) + n
+            for what, n in app.rate_limited.items():
+                limits[what] = limits.get(what, 0) + n
+            n_sessions += len(app.sessions)
+            n_streams += app.streams
+            n_active += app.active
+        for status, n in sorted(counts.items()):
+            statuses.add_metric([str(status)], n)
+        for what, n in sorted(limits.items()):
+            limited.add_metric([what], n)
+        sessions.add_metric([], n_sessions)
+        streams.add_metric([], n_streams)
+        active.add_metric([], n_active)
+        yield from (statuses, limited, sessions, streams, active)
+
+
+async def serve_metrics(metrics: Metrics, listen: tuple[str, int], shutdown: trio.Event,
+                        task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``/metrics`` on ``listen`` until ``shutdown`` is set."""
+    import hypercorn.trio
+
+    from runtime.http_config import HttpConfig
+    from runtime.transports.http import _tcp_socket, _url, hypercorn_config
+
+    sock = _tcp_socket(listen[0], listen[1], 30.0)
+    url = _url(sock, "/metrics")
+    cfg = HttpConfig(shutdown_grace_s=1.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: hypercorn.trio.serve(
+            metrics, hypercorn_config(cfg, [sock]), shutdown_trigger=shutdown.wait, task_status=task_status))
+        task_status.started(url)

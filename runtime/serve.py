@@ -1,0 +1,103 @@
+"""``toolcell serve``: one daemon (one catalog, one set of worker pools) behind every transport.
+
+stdio, Streamable HTTP on TCP and on a unix socket can run at once. SIGTERM or SIGINT starts a
+graceful shutdown: listeners stop accepting, long-lived streams end, in-flight requests get
+``http.shutdown_grace_s`` to finish, then the workers are killed; a second signal stops at once.
+End of stdin (when serving stdio) shuts the whole daemon down the same way: the process that
+started us over stdio is gone.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from functools import partial
+from typing import Any
+
+import trio
+
+from runtime import logs
+from runtime.config import Config
+from runtime.http_config import parse_listen
+
+
+async def _watch_signals(shutdown: trio.Event, hard_stop: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if shutdown.is_set():
+                logs.log("shutdown_forced", level="warning", signal=signal.Signals(signum).name)
+                hard_stop.cancel()
+                return
+            logs.log("shutdown_started", signal=signal.Signals(signum).name)
+            shutdown.set()
+
+
+async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, unix: str | None = None,
+                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until shut down. ``http`` is ``HOST:PORT`` ("" for the configured/default address)."""
+    from runtime.daemon import open_daemon
+
+    hcfg = cfg.http
+    listen = parse_listen(http if http else (hcfg.listen or "")) if http is not None else None
+    unix = unix or (hcfg.unix if http is not None else None)
+    async with open_daemon(cfg) as daemon:
+        audit: Any = None
+        metrics: Any = None
+        if hcfg.audit_log:
+            from runtime.audit import AuditLog
+
+            audit = AuditLog(hcfg.audit_log)
+            daemon.call_hooks.append(audit.hook)
+        if hcfg.metrics_listen and (listen is not None or unix):
+            from runtime.metrics import Metrics
+
+            metrics = Metrics(daemon)
+            daemon.call_hooks.append(metrics.hook)
+        shutdown = trio.Event()
+        urls: list[str] = []
+        try:
+            async with trio.open_nursery() as outer:
+                outer.start_soon(_watch_signals, shutdown, outer.cancel_scope)
+                from runtime.reload import serve_reloaders
+
+                outer.start_soon(serve_reloaders, daemon)
+                async with trio.open_nursery() as servers:
+                    if listen is not None or unix:
+                        from runtime.transports.http import serve_http
+
+                        urls = await servers.start(partial(
+                            serve_http, daemon, hcfg, listen=listen, unix=unix, shutdown=shutdown, audit=audit,
+                            on_app=metrics.add_app if metrics is not None else None))
+                        for url in urls:
+                            print(f"toolcell: MCP endpoint {url}", file=sys.stderr, flush=True)
+                    if metrics is not None:
+                        from runtime.metrics import serve_metrics
+
+                        murl = await servers.start(serve_metrics, metrics, parse_listen(hcfg.metrics_listen, default_port=9464),
+                                                   shutdown)
+                        urls.append(murl)
+                        print(f"toolcell: metrics {murl}", file=sys.stderr, flush=True)
+                    logs.log("serving", transports=(["stdio"] if stdio else []) + urls, tools=len(daemon.catalog),
+                             plugins=len(daemon.plugins), refused=len(daemon.failed), policy=cfg.policy)
+                    if stdio:
+                        servers.start_soon(_serve_stdio, daemon, shutdown, hcfg.shutdown_grace_s)
+                    task_status.started(urls)
+                outer.cancel_scope.cancel()
+        finally:
+            if audit is not None:
+                audit.close()
+            logs.log("stopped")
+
+
+async def _serve_stdio(daemon: Any, shutdown: trio.Event, grace_s: float) -> None:
+    from runtime.transports.stdio import serve_stdio
+
+    async with trio.open_nursery() as nursery:
+        async def cut_after_grace() -> None:
+            await shutdown.wait()
+            nursery.cancel_scope.deadline = trio.current_time() + grace_s
+
+        nursery.start_soon(cut_after_grace)
+        await serve_stdio(daemon)
+        nursery.cancel_scope.cancel()
+    shutdown.set()

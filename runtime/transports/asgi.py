@@ -1,0 +1,153 @@
+"""Small ASGI helpers for the HTTP transport: request headers, bodies, JSON and SSE responses.
+
+Everything here talks raw ASGI (``scope``/``receive``/``send``); hypercorn does the HTTP parsing.
+``send`` to a client that has gone away is swallowed: the caller learns it from ``Responder.gone``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+import trio
+
+from runtime.protocol import jsonrpc as rpc
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+JSON = b"application/json"
+SSE = b"text/event-stream"
+SSE_HEADERS: Headers = [(b"content-type", SSE), (b"cache-control", b"no-cache, no-transform"),
+                        (b"x-accel-buffering", b"no")]
+_WANTED = frozenset({b"host", b"origin", b"authorization", b"accept", b"content-type", b"content-length",
+                     b"mcp-session-id", b"mcp-protocol-version", b"mcp-method", b"mcp-name",
+                     b"access-control-request-headers"})
+_PARAM_PREFIX = b"mcp-param-"
+
+
+class RequestHeaders:
+    """The request headers the transport looks at; repeated ones are joined with ``,``."""
+
+    __slots__ = ("h", "params")
+
+    def __init__(self, raw: Headers) -> None:
+        h: dict[bytes, bytes] = {}
+        params: dict[bytes, bytes] = {}
+        for name, value in raw:
+            name = name.lower()
+            if name in _WANTED:
+                h[name] = h[name] + b"," + value if name in h else value
+            elif name.startswith(_PARAM_PREFIX):
+                key = name[len(_PARAM_PREFIX):]
+                params[key] = params[key] + b"," + value if key in params else value
+        self.h = h
+        self.params = params
+
+    def get(self, name: bytes) -> bytes | None:
+        return self.h.get(name)
+
+
+def accepts(accept: bytes | None) -> tuple[bool, bool]:
+    """(JSON acceptable, SSE acceptable). Lenient: no Accept, or a wildcard, accepts both."""
+    if accept is None:
+        return True, True
+    a = accept.lower()
+    if b"*/*" in a:
+        return True, True
+    return (JSON in a or b"application/*" in a), (SSE in a or b"text/*" in a)
+
+
+def error_body(id_bytes: bytes | None, code: int, message: str, data: Any = rpc.UNSET) -> bytes:
+    return rpc.error_response(id_bytes, code, message, data)
+
+
+class Responder:
+    """Sends one HTTP response: a plain body, or an SSE stream of events."""
+
+    __slots__ = ("send", "extra", "started", "gone", "sse", "status")
+
+    def __init__(self, send: Send, extra: Headers) -> None:
+        self.send = send
+        self.extra = extra  # CORS and session headers, added to every response
+        self.started = False
+        self.gone = False
+        self.sse = False
+        self.status = 0
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if self.gone:
+            return
+        try:
+            await self.send(message)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, RuntimeError):
+            self.gone = True
+        except Exception:  # hypercorn raises its own errors for a closed stream
+            self.gone = True
+
+    async def body(self, status: int, body: bytes = b"", content_type: bytes | None = JSON,
+                   headers: Headers | None = None) -> None:
+        h: Headers = [(b"content-length", str(len(body)).encode())]
+        if content_type is not None and body:
+            h.append((b"content-type", content_type))
+        if headers:
+            h.extend(headers)
+        h.extend(self.extra)
+        self.started = True
+        self.status = status
+        await self._send({"type": "http.response.start", "status": status, "headers": h})
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def start_sse(self, status: int = 200, headers: Headers | None = None) -> None:
+        h = list(SSE_HEADERS)
+        if headers:
+            h.extend(headers)
+        h.extend(self.extra)
+        self.started = True
+        self.sse = True
+        self.status = status
+        await self._send({"type": "http.response.start", "status": status, "headers": h})
+
+    async def events(self, messages: list[bytes]) -> None:
+        """Send JSON-RPC messages as SSE ``message`` events (one write for all of them)."""
+        chunk = b"".join(b"event: message\ndata: " + m + b"\n\n" for m in messages)
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def comment(self, text: bytes = b"keep-alive") -> None:
+        await self._send({"type": "http.response.body", "body": b": " + text + b"\n\n", "more_body": True})
+
+    async def end(self) -> None:
+        await self._send({"type": "http.response.body", "body": b""})
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole request body. Raises ``BodyTooLarge`` or ``ClientGone``; no deadline here."""
+    first = await receive()
+    if first["type"] != "http.request":
+        raise ClientGone
+    body = first.get("body", b"")
+    if not first.get("more_body", False):
+        if len(body) > limit:
+            raise BodyTooLarge
+        return body
+    parts = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)

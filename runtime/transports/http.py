@@ -1,0 +1,720 @@
+"""Streamable HTTP transport: one endpoint (``/mcp``) serving both protocol eras, locked down.
+
+How this works (hypercorn parses HTTP and runs this raw ASGI app on trio):
+
+* Every request to the endpoint passes, in order: the Host allowlist (403), the Origin allowlist
+  (403), bearer-token authentication (401), then per method. A POST further passes the global
+  concurrency cap (503), Content-Type (415) and Accept (406) checks, the body size cap (413) and
+  deadline (408), JSON-RPC decoding (400), and the per-principal rate limit (429).
+* The era is chosen per POST: a body with ``params._meta[protocolVersion]`` (or
+  ``server/discover``), or an ``MCP-Protocol-Version: 2026-07-28`` header, is served statelessly
+  under 2026-07-28 rules (headers checked against the body, -32020); anything else belongs to a
+  legacy session that ``initialize`` created (``Mcp-Session-Id``; unknown id -> 404).
+* A tool call runs on the worker pools without a task of its own; the request handler parks on a
+  ``CallBox`` (waiting for the client's disconnect at the same time) and answers with JSON if the
+  response comes first, or switches to SSE as soon as a progress or log notification must stream
+  (only if the client accepts SSE). A modern client's disconnect cancels the call and stops its
+  worker; a legacy client's does not (it cancels with ``notifications/cancelled``).
+* ``list_changed`` goes to legacy GET streams and to modern ``subscriptions/listen`` streams
+  that asked for it; each message goes on exactly one stream.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+from functools import partial
+from typing import Any, Iterable
+
+import msgspec
+import trio
+
+from runtime.auth import Authenticator, Principal
+from runtime.daemon import Daemon
+from runtime.http_config import HttpConfig
+from runtime.logs import log
+from runtime.protocol import eras
+from runtime.protocol import jsonrpc as rpc
+from runtime.protocol.core import Cancel, ConnState, Listen, Reply, ToolCall
+from runtime.ratelimit import RateLimited, RateLimiter
+from runtime.transports import mcp_headers
+from runtime.transports.asgi import (
+    BodyTooLarge, ClientGone, Headers, Receive, RequestHeaders, Responder, Send, accepts, read_body,
+)
+from runtime.transports.http_sessions import CallBox, LegacySession, PushStream, SessionTable
+
+#: Implementation-defined JSON-RPC code for rate limiting (outside the spec's reserved bands).
+RATE_LIMITED = -31002
+#: What 2025 SDK servers answer for an unknown session (legacy, implementation-defined band).
+SESSION_NOT_FOUND = -32001
+
+_MODERN_STATUS = {
+    rpc.PARSE_ERROR: 400, rpc.INVALID_REQUEST: 400, rpc.INVALID_PARAMS: 400, rpc.HEADER_MISMATCH: 400,
+    rpc.MISSING_CLIENT_CAPABILITY: 400, rpc.UNSUPPORTED_PROTOCOL_VERSION: 400, rpc.METHOD_NOT_FOUND: 404,
+    rpc.INTERNAL_ERROR: 500, rpc.SERVER_BUSY: 503,
+}
+_LEGACY_STATUS = {rpc.PARSE_ERROR: 400, rpc.INVALID_REQUEST: 400}
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+_MODERN_HEADER_VALUES = frozenset(v.encode() for v in eras.MODERN_VERSIONS)
+_LEGACY_HEADER_VALUES = frozenset(v.encode() for v in eras.LEGACY_VERSIONS)
+_EXPOSE = b"mcp-session-id, mcp-protocol-version, retry-after, www-authenticate"
+_ALLOW = b"GET, POST, DELETE, OPTIONS"
+
+
+def _host_name(value: str) -> str:
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        return value[: end + 1] if end > 0 else value
+    return value.rsplit(":", 1)[0] if ":" in value else value
+
+
+class HttpApp:
+    """The ASGI application. One per daemon; it may be served on several listeners."""
+
+    def __init__(self, daemon: Daemon, cfg: HttpConfig, bound_hosts: Iterable[str] = ()) -> None:
+        self.daemon = daemon
+        self.core = daemon.core
+        self.cfg = cfg
+        self.path = cfg.path
+        self.auth = Authenticator(cfg)
+        self.hosts = set(_LOOPBACK_NAMES) | {_host_name(h) for h in cfg.allowed_hosts}
+        self.hosts |= {_host_name(h) for h in bound_hosts}
+        self.any_host = "*" in cfg.allowed_hosts
+        self.origins = {o.strip().lower().rstrip("/") for o in cfg.allowed_origins}
+        self.any_origin = "*" in self.origins
+        self.sessions = SessionTable(cfg.max_sessions, cfg.session_idle_s)
+        self.listens: set[PushStream] = set()
+        self.limiter = RateLimiter()
+        self.max_body = min(cfg.max_body_bytes, daemon.config.max_message_bytes)
+        self.active = 0
+        self.streams = 0
+        self.shutting_down = False
+        self.status_counts: dict[int, int] = {}
+        self.rate_limited = {"principal": 0, "tool": 0}
+        self.audit: Any = None  # an AuditLog, for calls refused before they reach a pool
+        self._unsubscribe = daemon.subscribe(self._on_catalog_change)
+
+    # -- ASGI entry ----------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            r = Responder(send, [])
+            try:
+                await self._http(scope, receive, r)
+            except Exception as exc:  # our bug: answer 500 if we still can, never kill the server
+                log("http_internal_error", level="error", error=f"{type(exc).__name__}: {exc}")
+                if not r.started:
+                    await r.body(500, rpc.error_response(None, rpc.INTERNAL_ERROR, "Internal error"))
+            self.status_counts[r.status] = self.status_counts.get(r.status, 0) + 1
+        elif kind == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    async def _http(self, scope: dict[str, Any], receive: Receive, r: Responder) -> None:
+        method = scope["method"]
+        if scope["path"] != self.path:
+            if scope["path"] == "/healthz" and method in ("GET", "HEAD"):
+                return await self._healthz(r)
+            return await r.body(404, b"Not Found\n", b"text/plain")
+        headers = RequestHeaders(scope["headers"])
+        host = headers.get(b"host")
+        if host is not None and not self.any_host and _host_name(host.decode("latin-1")) not in self.hosts:
+            return await self._plain_error(r, 403, "Forbidden: Host header not allowed")
+        origin = headers.get(b"origin")
+        if origin is not None:
+            if not self._origin_ok(origin.decode("latin-1")):
+                return await self._plain_error(r, 403, "Forbidden: Origin not allowed")
+            r.extra = [(b"access-control-allow-origin", origin), (b"vary", b"origin"),
+                       (b"access-control-expose-headers", _EXPOSE)]
+        if method == "OPTIONS":
+            requested = headers.get(b"access-control-request-headers") or b"content-type"
+            return await r.body(204, b"", None, [(b"access-control-allow-methods", _ALLOW),
+                                                 (b"access-control-allow-headers", requested),
+                                                 (b"access-control-max-age", b"600")])
+        principal = self.auth.authenticate(headers.get(b"authorization"))
+        if principal is None:
+            return await self._plain_error(r, 401, "Unauthorized: a valid bearer token is required",
+                                           [(b"www-authenticate", b'Bearer realm="toolcell"')])
+        if method == "POST":
+            return await self._post(r, headers, principal, receive)
+        if method == "GET":
+            return await self._get(r, headers, principal, receive)
+        if method == "DELETE":
+            return await self._delete(r, headers, principal)
+        return await self._plain_error(r, 405, f"Method Not Allowed: {method}", [(b"allow", _ALLOW)])
+
+    def _origin_ok(self, origin: str) -> bool:
+        o = origin.strip().lower().rstrip("/")
+        if self.any_origin or o in self.origins:
+            return True
+        scheme, sep, rest = o.partition("://")
+        if not sep or scheme not in ("http", "https") or "/" in rest:
+            return False
+        return self.any_host or _host_name(rest) in self.hosts
+
+    async def _healthz(self, r: Responder) -> None:
+        daemon = self.daemon
+        ready = daemon.ready and not self.shutting_down
+        status = "ready" if ready else ("stopping" if self.shutting_down else "starting")
+        body = rpc.encode({"status": status, "tools": len(daemon.catalog), "plugins": len(daemon.plugins),
+                           "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight})
+        await r.body(200 if ready else 503, body, headers=[(b"cache-control", b"no-store")])
+
+    async def _plain_error(self, r: Responder, status: int, message: str, headers: Headers | None = None,
+                           id_bytes: bytes | None = None, code: int = rpc.INVALID_REQUEST, data: Any = rpc.UNSET) -> None:
+        await r.body(status, rpc.error_response(id_bytes, code, message, data), headers=headers)
+
+    # -- POST ----------------------------------------------------------------------------------
+
+    async def _post(self, r: Responder, headers: RequestHeaders, principal: Principal, receive: Receive) -> None:
+        cfg = self.cfg
+        if self.shutting_down:
+            return await self._plain_error(r, 503, "Service Unavailable: shutting down", [(b"connection", b"close")])
+        if self.active >= cfg.max_concurrent_requests:
+            return await self._plain_error(r, 503, "Service Unavailable: too many requests in progress; retry later",
+                                           [(b"retry-after", b"1")], code=rpc.SERVER_BUSY)
+        ctype = headers.get(b"content-type")
+        if ctype is not None and ctype.split(b";", 1)[0].strip().lower() != b"application/json":
+            return await self._plain_error(r, 415, "Unsupported Media Type: send application/json")
+        can_json, can_sse = accepts(headers.get(b"accept"))
+        if not (can_json or can_sse):
+            return await self._plain_error(r, 406, "Not Acceptable: accept application/json or text/event-stream")
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            return await self._plain_error(r, 413, f"Payload Too Large: the limit is {self.max_body} bytes",
+                                           [(b"connection", b"close")])
+        self.active += 1
+        try:
+            with trio.move_on_after(cfg.body_timeout_s) as deadline:
+                try:
+                    body = await read_body(receive, self.max_body)
+                except BodyTooLarge:
+                    return await self._plain_error(r, 413, f"Payload Too Large: the limit is {self.max_body} bytes",
+                                                   [(b"connection", b"close")])
+                except ClientGone:
+                    return
+            if deadline.cancelled_caught:
+                return await self._plain_error(r, 408, "Request Timeout: the body took too long",
+                                               [(b"connection", b"close")])
+            await self._message(r, headers, principal, body, can_json, can_sse, receive)
+        finally:
+            self.active -= 1
+
+    async def _message(self, r: Responder, headers: RequestHeaders, principal: Principal, body: bytes,
+                       can_json: bool, can_sse: bool, receive: Receive) -> None:
+        try:
+            env = rpc.decode_envelope(body)
+        except rpc.ProtocolError as exc:
+            return await self._plain_error(r, 400, exc.message, code=exc.code)
+        id_bytes = None
+        if isinstance(env, rpc.Envelope) and rpc.valid_id(env.id):
+            id_bytes = rpc.encode_id(env.id)
+        rate = principal.rate or self.cfg.principal_rate
+        if rate is not None:
+            wait = self.limiter.take(("principal", principal.name), rate, time.monotonic())
+            if wait > 0:
+                self.rate_limited["principal"] += 1
+                return await self._limited(r, RateLimited(f"principal {principal.name}", wait), id_bytes)
+        if isinstance(env, list):
+            return await self._legacy_batch(r, headers, principal, body)
+        method = env.method
+        probe = mcp_headers.probe(env.params) if isinstance(method, str) else None
+        version = headers.get(b"mcp-protocol-version")
+        if mcp_headers.body_is_modern(method, probe) or (version is not None and version.strip() in _MODERN_HEADER_VALUES):
+            return await self._modern(r, headers, principal, env, probe, id_bytes, can_sse, receive)
+        return await self._legacy(r, headers, principal, env, id_bytes, can_sse, receive)
+
+    async def _limited(self, r: Responder, exc: RateLimited, id_bytes: bytes | None) -> None:
+        retry = str(max(1, math.ceil(exc.retry_after_s))).encode()
+        await self._plain_error(r, 429, str(exc), [(b"retry-after", retry)], id_bytes, RATE_LIMITED, exc.data())
+
+    # -- modern (2026-07-28) ---------------------------------------------------------------------
+
+    async def _modern(self, r: Responder, headers: RequestHeaders, principal: Principal, env: rpc.Envelope,
+                      probe: mcp_headers.Probe | None, id_bytes: bytes | None, can_sse: bool, receive: Receive) -> None:
+        method = env.method
+        is_request = env.id is not msgspec.UNSET
+        catalog = principal.catalog(self.daemon.catalog)
+        if isinstance(method, str):
+            if is_request and not mcp_headers.body_is_modern(method, probe):
+                return await self._plain_error(
+                    r, 400, f"Invalid params: params._meta must carry {eras.META_VERSION} and {eras.META_CLIENT_CAPS}",
+                    id_bytes=id_bytes, code=rpc.INVALID_PARAMS)
+            try:
+                mcp_headers.check(method, is_request, probe, headers.get(b"mcp-protocol-version"),
+                                  headers.get(b"mcp-method"), headers.get(b"mcp-name"), headers.params,
+                                  (catalog or self.daemon.catalog).get)
+            except mcp_headers.HeaderMismatch as exc:
+                return await self._plain_error(r, 400, f"Header mismatch: {exc.message}", id_bytes=id_bytes,
+                                               code=rpc.HEADER_MISMATCH)
+        action = self.core.handle(ConnState(), env, catalog)
+        kind = type(action)
+        if kind is Reply:
+            if action.data is None:
+                return await r.body(202, b"", None)
+            status = _MODERN_STATUS.get(action.error_code, 400) if action.error_code is not None else 200
+            return await r.body(status, action.data)
+        if kind is ToolCall:
+            return await self._call(r, action, principal, can_sse, receive, None)
+        if kind is Listen:
+            return await self._listen(r, action, can_sse, receive)
+        return await r.body(202, b"", None)  # Cancel: on HTTP, closing the stream is the cancellation
+
+    async def _listen(self, r: Responder, listen: Listen, can_sse: bool, receive: Receive) -> None:
+        if not can_sse:
+            return await self._plain_error(r, 406, "Not Acceptable: subscriptions/listen answers with text/event-stream",
+                                           id_bytes=listen.id_bytes)
+        if self.streams >= self.cfg.max_streams:
+            return await self._plain_error(r, 503, "Service Unavailable: too many open streams; retry later",
+                                           [(b"retry-after", b"5")], listen.id_bytes, rpc.SERVER_BUSY)
+        stream = PushStream(listen)
+        self.listens.add(stream)
+        self.streams += 1
+        try:
+            await r.start_sse()
+            await r.events([self.core.subscription_ack(listen)])
+            await self._pump(r, stream, receive)
+        finally:
+            self.listens.discard(stream)
+            self.streams -= 1
+
+    # -- legacy (2025-03-26 … 2025-11-25) ------------------------------------------------------
+
+    async def _legacy(self, r: Responder, headers: RequestHeaders, principal: Principal, env: rpc.Envelope,
+                      id_bytes: bytes | None, can_sse: bool, receive: Receive) -> None:
+        sid = headers.get(b"mcp-session-id")
+        if sid is None:
+            if env.method == "initialize" and env.id is not msgspec.UNSET:
+                return await self._initialize(r, principal, env)
+            return await self._plain_error(
+                r, 400, "Bad Request: Mcp-Session-Id header is required (send initialize first), or use protocol "
+                f"2026-07-28 with {eras.META_VERSION} in params._meta", id_bytes=id_bytes)
+        session = self.sessions.get(sid, principal)
+        if session is None:
+            return await self._plain_error(r, 404, "Session not found: initialize a new session",
+                                           id_bytes=id_bytes, code=SESSION_NOT_FOUND)
+        version = headers.get(b"mcp-protocol-version")
+        if version is not None and version.strip() not in _LEGACY_HEADER_VALUES:
+            return await self._plain_error(
+                r, 400, f"Bad Request: unsupported MCP-Protocol-Version {version.decode('latin-1')!r}; supported: "
+                + ", ".join(eras.LEGACY_VERSIONS), id_bytes=id_bytes)
+        session.busy += 1
+        session.last_seen = time.monotonic()
+        try:
+            action = self.core.handle(session.state, env, principal.catalog(self.daemon.catalog))
+            kind = type(action)
+            if kind is Reply:
+                if action.data is None:
+                    return await r.body(202, b"", None)
+                status = _LEGACY_STATUS.get(action.error_code, 200) if action.error_code is not None else 200
+                return await r.body(status, action.data)
+            if kind is ToolCall:
+                return await self._call(r, action, principal, can_sse, receive, session)
+            if kind is Cancel:
+                self._cancel_in_session(session, action.request_id)
+            return await r.body(202, b"", None)
+        finally:
+            session.busy -= 1
+            session.last_seen = time.monotonic()
+
+    async def _initialize(self, r: Responder, principal: Principal, env: rpc.Envelope) -> None:
+        state = ConnState()
+        action = self.core.handle(state, env, principal.catalog(self.daemon.catalog))
+        if action.error_code is not None or action.data is None:
+            status = _LEGACY_STATUS.get(action.error_code, 200) if action.error_code is not None else 200
+            return await r.body(status, action.data or b"")
+        session = self.sessions.create(principal, state, time.monotonic())
+        if session is None:
+            return await self._plain_error(r, 503, "Service Unavailable: too many sessions; retry later",
+                                           [(b"retry-after", b"5")], rpc.encode_id(env.id), rpc.SERVER_BUSY)
+        log("http_session_opened", principal=principal.name, version=state.legacy_version)
+        await r.body(200, action.data, headers=[(b"mcp-session-id", session.id.encode())])
+
+    def _cancel_in_session(self, session: LegacySession, request_id: Any) -> None:
+        entry = session.inflight.pop(request_id, None)
+        if entry is not None:
+            call, handle, box = entry
+            self.daemon.cancel(call, handle, session.principal.name)
+            box.cancel()
+
+    async def _legacy_batch(self, r: Responder, headers: RequestHeaders, principal: Principal, body: bytes) -> None:
+        sid = headers.get(b"mcp-session-id")
+        session = self.sessions.get(sid, principal) if sid is not None else None
+        if sid is None:
+            return await self._plain_error(r, 400, "Bad Request: a batch needs an Mcp-Session-Id (initialize is never batched)")
+        if session is None:
+            return await self._plain_error(r, 404, "Session not found: initialize a new session", code=SESSION_NOT_FOUND)
+        session.busy += 1
+        try:
+            action = self.core.receive(session.state, body, principal.catalog(self.daemon.catalog))
+            actions = action.actions if hasattr(action, "actions") else [action]
+            replies: list[bytes | None] = [None] * len(actions)
+            async with trio.open_nursery() as nursery:
+                for i, item in enumerate(actions):
+                    if type(item) is Reply:
+                        replies[i] = item.data
+                    elif type(item) is Cancel:
+                        self._cancel_in_session(session, item.request_id)
+                    elif type(item) is ToolCall:
+                        nursery.start_soon(self._batch_call, item, principal, replies, i)
+            parts = [p for p in replies if p is not None]
+            if not parts:
+                return await r.body(202, b"", None)
+            single = len(actions) == 1 and type(action) is Reply
+            await r.body(400 if single and action.error_code in _LEGACY_STATUS else 200,
+                         parts[0] if single else b"[" + b",".join(parts) + b"]")
+        finally:
+            session.busy -= 1
+            session.last_seen = time.monotonic()
+
+    async def _batch_call(self, call: ToolCall, principal: Principal, replies: list[bytes | None], i: int) -> None:
+        limited = self._tool_limited(call, principal)
+        if limited is not None:
+            replies[i] = rpc.error_response(call.id_bytes, RATE_LIMITED, str(limited), limited.data())
+            return
+        replies[i] = await self.daemon.execute(call, lambda _data: None, principal.name)
+
+    # -- tool calls (both eras) ----------------------------------------------------------------
+
+    def _tool_limited(self, call: ToolCall, principal: Principal) -> RateLimited | None:
+        cfg = self.cfg
+        rate = cfg.tool_rates.get(call.entry.name) or cfg.tool_rate
+        if rate is None:
+            return None
+        wait = self.limiter.take(("tool", call.entry.name), rate, time.monotonic())
+        if wait <= 0:
+            return None
+        self.rate_limited["tool"] += 1
+        if self.audit is not None:
+            self.audit.write(principal.name, call.entry.name, call.entry.plugin, len(rpc.encode(call.arguments)),
+                             "rate_limited", 0.0)
+        return RateLimited(f"tool {call.entry.name}", wait)
+
+    async def _call(self, r: Responder, call: ToolCall, principal: Principal, can_sse: bool, receive: Receive,
+                    session: LegacySession | None) -> None:
+        limited = self._tool_limited(call, principal)
+        if limited is not None:
+            return await self._limited(r, limited, call.id_bytes)
+        request_id = call.request_id
+        if session is not None and request_id in session.inflight:
+            return await r.body(200, self.core.call_error(
+                call, rpc.INVALID_REQUEST, "Invalid Request: a request with this id is already in progress"))
+        box = CallBox(stream=can_sse)
+        daemon = self.daemon
+        on_done = box.done
+        if session is not None:
+            inflight = session.inflight
+
+            def on_done(c: ToolCall, data: bytes) -> None:
+                entry = inflight.get(request_id)
+                if entry is not None and entry[2] is box:
+                    del inflight[request_id]
+                box.done(c, data)
+
+        handle = daemon.start(call, box.emit, principal.name, on_done)
+        if session is not None and box.final is None:
+            session.inflight[request_id] = (call, handle, box)
+        detached = False  # True once the call no longer needs cancelling by us
+        try:
+            while True:
+                if box.final is None and not box.pending and not box.cancelled:
+                    with trio.CancelScope() as parked:
+                        box.scope = parked
+                        message = await receive()
+                    box.scope = None
+                    if not parked.cancelled_caught:
+                        if message["type"] != "http.disconnect":
+                            continue
+                        r.gone = True
+                if r.gone:
+                    # Modern: the disconnect is the cancellation. Legacy: it is not; the call
+                    # runs on (a later notifications/cancelled or DELETE can still stop it).
+                    detached = session is not None
+                    return
+                if box.cancelled:
+                    detached = True
+                    return await (r.end() if r.started else r.body(202, b"", None))
+                if box.overflow:
+                    r.gone = True
+                    continue
+                if box.pending:
+                    batch, box.pending = box.pending, []
+                    if not r.started:
+                        await r.start_sse()
+                    await r.events(batch)
+                    continue
+                if box.final is not None:
+                    detached = True
+                    if r.sse:
+                        await r.events([box.final])
+                        return await r.end()
+                    return await r.body(200, box.final)
+        finally:
+            if not detached and box.final is None and not box.cancelled:
+                if session is not None:
+                    session.inflight.pop(request_id, None)
+                daemon.cancel(call, handle, principal.name)
+                box.cancelled = True
+
+    # -- GET and DELETE (legacy sessions only) -------------------------------------------------
+
+    def _session_for(self, headers: RequestHeaders, principal: Principal) -> LegacySession | None | bool:
+        """The legacy session a GET/DELETE names; False when the request is not legacy session traffic."""
+        sid = headers.get(b"mcp-session-id")
+        version = headers.get(b"mcp-protocol-version")
+        if sid is None or (version is not None and version.strip() in _MODERN_HEADER_VALUES):
+            return False
+        return self.sessions.get(sid, principal)
+
+    async def _get(self, r: Responder, headers: RequestHeaders, principal: Principal, receive: Receive) -> None:
+        session = self._session_for(headers, principal)
+        if session is False:
+            return await self._plain_error(r, 405, "Method Not Allowed: GET streams belong to legacy sessions "
+                                           "(send Mcp-Session-Id); 2026-07-28 clients POST only", [(b"allow", b"POST")])
+        if session is None:
+            return await self._plain_error(r, 404, "Session not found: initialize a new session", code=SESSION_NOT_FOUND)
+        assert isinstance(session, LegacySession)
+        if not accepts(headers.get(b"accept"))[1]:
+            return await self._plain_error(r, 406, "Not Acceptable: the GET stream is text/event-stream")
+        if session.stream is not None:
+            return await self._plain_error(r, 409, "Conflict: this session already has an open GET stream")
+        if self.streams >= self.cfg.max_streams or self.shutting_down:
+            return await self._plain_error(r, 503, "Service Unavailable: too many open streams; retry later",
+                                           [(b"retry-after", b"5")], code=rpc.SERVER_BUSY)
+        stream = session.stream = PushStream()
+        self.streams += 1
+        try:
+            await r.start_sse()
+            await self._pump(r, stream, receive)
+        finally:
+            self.streams -= 1
+            if session.stream is stream:
+                session.stream = None
+            session.last_seen = time.monotonic()
+
+    async def _delete(self, r: Responder, headers: RequestHeaders, principal: Principal) -> None:
+        session = self._session_for(headers, principal)
+        if session is False:
+            return await self._plain_error(r, 405, "Method Not Allowed: DELETE ends a legacy session "
+                                           "(send Mcp-Session-Id); 2026-07-28 has no sessions", [(b"allow", b"POST")])
+        if session is None:
+            return await self._plain_error(r, 404, "Session not found", code=SESSION_NOT_FOUND)
+        assert isinstance(session, LegacySession)
+        for request_id in list(session.inflight):
+            self._cancel_in_session(session, request_id)
+        self.sessions.remove(session)
+        log("http_session_closed", principal=principal.name)
+        await r.body(200, b"", None)
+
+    # -- long-lived streams --------------------------------------------------------------------
+
+    async def _pump(self, r: Responder, stream: PushStream, receive: Receive) -> None:
+        """Feed ``stream`` to the client until it disconnects or the stream is closed."""
+        keepalive = self.cfg.keepalive_s
+        while True:
+            if not stream.pending and not stream.closed:
+                stream.woken = False
+                with trio.CancelScope(deadline=trio.current_time() + keepalive) as parked:
+                    stream.scope = parked
+                    message = await receive()
+                stream.scope = None
+                if not parked.cancelled_caught:
+                    if message["type"] == "http.disconnect":
+                        stream.closed = True
+                        return
+                    continue
+                if not stream.woken:
+                    await r.comment()
+                    if r.gone:
+                        return
+                    continue
+            if stream.pending:
+                batch = list(stream.pending)
+                stream.pending.clear()
+                await r.events(batch)
+                if r.gone:
+                    stream.closed = True
+                    return
+                continue
+            if stream.closed:
+                if stream.last is not None:
+                    await r.events([stream.last])
+                return await r.end()
+
+    def _on_catalog_change(self) -> None:
+        core = self.core
+        note = core.list_changed()
+        for session in self.sessions.sessions.values():
+            if session.stream is not None and session.state.legacy_version is not None:
+                session.stream.push(note)
+        for stream in self.listens:
+            listen = stream.listen
+            if listen is not None and listen.tools_list_changed:
+                stream.push(core.subscription_list_changed(listen))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def begin_shutdown(self) -> None:
+        """Stop taking requests; end long-lived streams (listens get their completion result)."""
+        self.shutting_down = True
+        for stream in list(self.listens):
+            stream.close(self.core.subscription_end(stream.listen) if stream.listen is not None else None)
+        for session in self.sessions.sessions.values():
+            if session.stream is not None:
+                session.stream.close()
+
+    async def housekeeping(self) -> None:
+        period = max(0.05, min(60.0, self.cfg.session_idle_s / 4))
+        while True:
+            await trio.sleep(period)
+            for session in self.sessions.expire(time.monotonic()):
+                log("http_session_expired", principal=session.principal.name)
+
+    def close(self) -> None:
+        self._unsubscribe()
+
+
+# -- serving -------------------------------------------------------------------------------------
+
+
+def _tcp_socket(host: str, port: int, write_timeout_s: float) -> socket.socket:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, type_, proto, _, addr = infos[0]
+    sock = socket.socket(family, type_, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            # Inherited by accepted connections: a client that stops reading (or vanishes) while
+            # we have unacknowledged data gets cut off instead of pinning a response forever.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(write_timeout_s * 1000))
+        sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    sock.set_inheritable(False)
+    return sock
+
+
+def _unix_socket(path: str) -> socket.socket:
+    import os
+    import stat
+
+    try:
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.unlink(path)  # a stale socket from an earlier run
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # owner-only from the first instant
+    try:
+        sock.bind(path)
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old)
+    sock.setblocking(False)
+    sock.set_inheritable(False)
+    return sock
+
+
+def _url(sock: socket.socket, path: str) -> str:
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{sock.getsockname()}:{path}"
+    host, port = sock.getsockname()[:2]
+    if sock.family == socket.AF_INET6:
+        host = f"[{host}]"
+    return f"http://{host}:{port}{path}"
+
+
+def hypercorn_config(cfg: HttpConfig, sockets: list[socket.socket]) -> Any:
+    import logging
+
+    from hypercorn.config import Config as HyperConfig
+    from hypercorn.config import Sockets
+
+    class _Config(HyperConfig):  # type: ignore[misc]
+        def create_sockets(self) -> Sockets:
+            return Sockets([], sockets, [])
+
+    hc = _Config()
+    hc.keep_alive_timeout = cfg.idle_timeout_s
+    hc.graceful_timeout = cfg.shutdown_grace_s
+    hc.h11_max_incomplete_size = cfg.max_header_bytes
+    hc.h2_max_header_list_size = cfg.max_header_bytes
+    hc.h2_max_concurrent_streams = cfg.max_requests_per_connection
+    hc.keep_alive_max_requests = 1_000_000
+    hc.include_server_header = False
+    hc.backlog = 1024
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("toolcell.http")
+    hc.loglevel = "WARNING"
+    return hc
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", "::1", "[::1]") or host.startswith("127.")
+
+
+async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int] | None = None,
+                     unix: str | None = None, shutdown: trio.Event | None = None, audit: Any = None,
+                     on_app: Any = None, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``cfg.path`` on ``listen`` (TCP) and/or ``unix`` until ``shutdown`` is set, then stop
+    gracefully: no new connections, long-lived streams ended, in-flight requests given
+    ``shutdown_grace_s`` to finish. ``task_status.started`` gets the endpoint URLs."""
+    import hypercorn.trio
+
+    if listen is not None and not is_loopback(listen[0]) and not cfg.tokens and not cfg.allow_unauthenticated:
+        raise ValueError(f"refusing to serve {listen[0]} without authentication: add [[http.tokens]] to the config, "
+                         "or set http.allow_unauthenticated = true")
+    sockets: list[socket.socket] = []
+    try:
+        if listen is not None:
+            sockets.append(_tcp_socket(listen[0], listen[1], cfg.write_timeout_s))
+        if unix is not None:
+            sockets.append(_unix_socket(unix))
+    except BaseException:
+        for s in sockets:
+            s.close()
+        raise
+    urls = [_url(s, cfg.path) for s in sockets]
+    bound = [listen[0]] if listen is not None and listen[0] not in ("0.0.0.0", "::", "") else []
+    app = HttpApp(daemon, cfg, bound_hosts=[f"[{h}]" if ":" in h else h for h in bound])
+    app.audit = audit
+    if on_app is not None:
+        on_app(app)
+    stop = shutdown if shutdown is not None else trio.Event()
+
+    async def trigger() -> None:
+        await stop.wait()
+        app.begin_shutdown()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(app.housekeeping)
+
+            async def run(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+                await hypercorn.trio.serve(app, hypercorn_config(cfg, sockets), shutdown_trigger=trigger,
+                                           task_status=task_status)
+                nursery.cancel_scope.cancel()
+
+            await nursery.start(run)
+            task_status.started(urls)
+    finally:
+        app.close()
+        if unix is not None:
+            import os
+
+            try:
+                os.unlink(unix)
+            except OSError:
+                pass

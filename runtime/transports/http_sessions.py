@@ -1,0 +1,160 @@
+"""State the HTTP transport keeps between requests: legacy sessions, running calls, push streams.
+
+* A ``LegacySession`` is what one ``initialize`` created (2025-03-26 … 2025-11-25): its id
+  (unguessable, visible ASCII), the negotiated ``ConnState``, the principal that owns it (another
+  principal presenting the id gets 404, like an unknown id), its running calls (for
+  ``notifications/cancelled``) and at most one GET stream.
+* A ``CallBox`` is where one running call's notifications and final response land. The request
+  handler owns it and waits on it; callbacks from the worker pool wake the handler by cancelling
+  the scope it is parked in (no task per call).
+* A ``PushStream`` is a long-lived SSE stream fed by catalog changes: a legacy session's GET
+  stream or a modern ``subscriptions/listen``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from runtime.auth import Principal
+from runtime.protocol.core import ConnState, Listen, ToolCall
+
+#: Notifications a client that does not read its stream may leave queued before it is cut off.
+MAX_PENDING = 1024
+
+
+class Waker:
+    """Something a request handler parks on; ``wake()`` (sync, from callbacks) unparks it."""
+
+    __slots__ = ("scope", "woken")
+
+    def __init__(self) -> None:
+        self.scope: trio.CancelScope | None = None
+        self.woken = False
+
+    def wake(self) -> None:
+        self.woken = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+class CallBox(Waker):
+    __slots__ = ("pending", "final", "cancelled", "overflow", "stream")
+
+    def __init__(self, stream: bool) -> None:
+        super().__init__()
+        self.pending: list[bytes] = []
+        self.final: bytes | None = None
+        self.cancelled = False
+        self.overflow = False
+        #: Notifications are wanted (the client accepts SSE); otherwise they are dropped.
+        self.stream = stream
+
+    def emit(self, data: bytes) -> None:
+        if not self.stream or self.final is not None or self.cancelled:
+            return
+        if len(self.pending) >= MAX_PENDING:
+            self.overflow = True
+        else:
+            self.pending.append(data)
+        self.wake()
+
+    def done(self, _call: ToolCall, data: bytes) -> None:
+        if not self.cancelled:
+            self.final = data
+        self.wake()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.wake()
+
+
+class PushStream(Waker):
+    __slots__ = ("pending", "closed", "last", "listen", "overflow")
+
+    def __init__(self, listen: Listen | None = None) -> None:
+        super().__init__()
+        self.pending: deque[bytes] = deque()
+        self.closed = False
+        self.overflow = False
+        #: A message to send before closing (the listen completion result on shutdown).
+        self.last: bytes | None = None
+        self.listen = listen
+
+    def push(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if len(self.pending) >= MAX_PENDING:
+            self.overflow = True
+            self.closed = True
+        else:
+            self.pending.append(data)
+        self.wake()
+
+    def close(self, last: bytes | None = None) -> None:
+        if not self.closed:
+            self.closed = True
+            self.last = last
+        self.wake()
+
+
+@dataclass(eq=False)
+class LegacySession:
+    id: str
+    principal: Principal
+    state: ConnState
+    last_seen: float
+    #: request id -> (call, pool handle, box)
+    inflight: dict[Any, tuple[ToolCall, Any, CallBox]] = field(default_factory=dict)
+    stream: PushStream | None = None
+    busy: int = 0  # requests being handled right now
+
+
+def new_session_id() -> str:
+    """256 random bits, URL-safe base64: only visible ASCII (0x21-0x7E), as the spec requires."""
+    return secrets.token_urlsafe(32)
+
+
+class SessionTable:
+    def __init__(self, max_sessions: int, idle_s: float) -> None:
+        self.sessions: dict[str, LegacySession] = {}
+        self.max_sessions = max_sessions
+        self.idle_s = idle_s
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def create(self, principal: Principal, state: ConnState, now: float) -> LegacySession | None:
+        if len(self.sessions) >= self.max_sessions:
+            self.expire(now)
+            if len(self.sessions) >= self.max_sessions:
+                return None
+        session = LegacySession(new_session_id(), principal, state, now)
+        self.sessions[session.id] = session
+        return session
+
+    def get(self, session_id: bytes, principal: Principal) -> LegacySession | None:
+        try:
+            session = self.sessions.get(session_id.decode("ascii"))
+        except UnicodeDecodeError:
+            return None
+        if session is None or session.principal.name != principal.name:
+            return None
+        return session
+
+    def remove(self, session: LegacySession) -> None:
+        self.sessions.pop(session.id, None)
+        if session.stream is not None:
+            session.stream.close()
+
+    def expire(self, now: float) -> list[LegacySession]:
+        """Forget sessions idle for ``idle_s`` (no request, no running call, no open stream)."""
+        gone = [s for s in self.sessions.values()
+                if now - s.last_seen > self.idle_s and not s.inflight and s.stream is None and not s.busy]
+        for session in gone:
+            self.remove(session)
+        return gone
