@@ -217,3 +217,27 @@ def cleanup(worker_id: int | str, timeout_s: float = 2.0) -> bool:
                     break
                 time.sleep(0.005)
     return ok
+
+
+def sweep_stale(prefix: str = "") -> int:
+    """Remove empty worker cgroups left by a daemon that died; call once at daemon start-up.
+
+    Only before any worker of this daemon starts: a worker's cgroup is empty for a moment between
+    its creation and the worker joining it. Only names starting with ``prefix``. Returns how many
+    were removed.
+    """
+    lay = layout("_")
+    if lay is None:
+        return 0
+    removed = 0
+    names: set[str] = set()
+    for d in lay.dirs:
+        try:
+            parent = os.path.dirname(d)
+            names.update(n for n in os.listdir(parent) if n.startswith(prefix) and os.path.isdir(os.path.join(parent, n)))
+        except OSError:
+            pass
+    for name in sorted(names):
+        if not members(name) and cleanup(name, timeout_s=0.2):
+            removed += 1
+    return removed

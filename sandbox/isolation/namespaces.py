@@ -224,3 +224,25 @@ def build_view(
 
 def set_hostname() -> None:
     syscalls.sethostname(HOSTNAME)
+
+
+def pid1_of(worker_pid: int) -> int | None:
+    """Host pid of a worker's pid 1 (the only child of the process the daemon spawned), if alive."""
+    try:
+        with open(f"/proc/{worker_pid}/task/{worker_pid}/children") as f:
+            kids = f.read().split()
+    except OSError:
+        return None
+    return int(kids[0]) if len(kids) == 1 else None
+
+
+def host_path(worker_pid: int, path: str) -> str | None:
+    """Where the daemon can reach ``path`` of a live worker's private view (e.g. its scratch tmpfs).
+
+    ``/proc/<pid 1>/root/<path>``. Absolute symlinks met below it resolve against the *daemon's*
+    root, so open what is found there with ``O_NOFOLLOW`` / ``openat2(RESOLVE_IN_ROOT)`` (trap 11).
+    """
+    pid1 = pid1_of(worker_pid)
+    if pid1 is None:
+        return None
+    return f"/proc/{pid1}/root/{path.lstrip('/')}"

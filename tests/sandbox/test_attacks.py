@@ -87,8 +87,15 @@ def test_scratch_is_writable_and_private_under_strict(spawn: Callable[..., Worke
     assert got["ok"], got
     read_back = json.loads(text_of(w.call("read_file", path="artifact.txt")))
     assert read_back["ok"]
-    # The scratch dir is a private tmpfs in the worker's mount namespace: the host path stays empty.
+    # The scratch dir is a private tmpfs in the worker's mount namespace: the host path stays empty,
+    # and the daemon reads artifacts through the worker's root while it lives.
     assert os.listdir(w.scratch) == []
+    from sandbox.isolation.namespaces import host_path
+
+    seen = host_path(w.proc.pid, w.scratch)
+    assert seen is not None
+    with open(os.path.join(seen, "artifact.txt"), "rb") as f:
+        assert f.read() == b"pwned"
 
 
 @pytest.fixture

@@ -195,3 +195,17 @@ def test_the_whole_worker_tree_dies_with_the_daemon(plugin_dir: Path, require: A
         daemon.wait(timeout=5)
     assert wait_until(lambda: cgroups.members(worker_pid) == [])
     assert cgroups.cleanup(worker_pid)
+
+
+def test_sweep_stale_removes_only_empty_worker_cgroups(spawn: Callable[..., Worker], require: Any) -> None:
+    require("cgroup")
+    w = spawn("strict")
+    w.ready()
+    lay = cgroups.layout("stale-test")
+    assert lay is not None
+    for d in lay.dirs:
+        os.makedirs(d, exist_ok=True)
+    cgroups.sweep_stale(prefix="stale-test")  # other daemons may share this machine's hierarchy
+    cgroups.sweep_stale(prefix=str(w.proc.pid))
+    assert not any(os.path.exists(d) for d in lay.dirs)
+    assert len(cgroups.members(w.proc.pid)) >= 2  # a live worker's cgroup is left alone
