@@ -97,6 +97,7 @@ class Daemon:
             changed = [path for path in paths if path not in known or known[path].fingerprint != fingerprint(path)]
             removed = [p for path, p in known.items() if path not in set(paths)]
             if not changed and not removed:
+                log("reload_done", changed=False, catalog_version=self.catalog.version)
                 return False
             fresh = await self._load_paths(changed)
             retiring = []
@@ -130,7 +131,7 @@ class Daemon:
             changed_tools = self.publish()
             for pool in retiring:
                 self.nursery.start_soon(pool.retire)
-            log("reloaded", catalog_version=self.catalog.version, tools=len(self.catalog), changed=changed_tools)
+            log("reload_done", changed=changed_tools, catalog_version=self.catalog.version, tools=len(self.catalog))
             return changed_tools
 
     def publish(self) -> bool:

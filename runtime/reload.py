@@ -113,3 +113,20 @@ async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
                                            recursive=True, ignore_permission_denied=True):
         log("reload_requested", trigger="watch", changed=len(changes))
         await daemon.reload()
+
+
+async def serve_reloaders(daemon: Daemon) -> None:
+    """Everything that triggers reloads for a serving daemon: pidfile, SIGHUP, the file watcher."""
+    path = write_pidfile(daemon.config.state_dir)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_sighup, daemon)
+            if daemon.config.watch:
+                nursery.start_soon(serve_watcher, daemon, daemon.config.reload_debounce_ms)
+    finally:
+        try:
+            with open(path) as f:
+                if f.read().strip() == str(os.getpid()):
+                    os.unlink(path)
+        except OSError:
+            pass
