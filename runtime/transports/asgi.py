@@ -29,12 +29,14 @@ _PARAM_PREFIX = b"mcp-param-"
 class RequestHeaders:
     """The request headers the transport looks at; repeated ones are joined with ``,``."""
 
-    __slots__ = ("h", "params")
+    __slots__ = ("h", "params", "size")
 
     def __init__(self, raw: Headers) -> None:
         h: dict[bytes, bytes] = {}
         params: dict[bytes, bytes] = {}
+        size = 0
         for name, value in raw:
+            size += len(name) + len(value) + 4
             name = name.lower()
             if name in _WANTED:
                 h[name] = h[name] + b"," + value if name in h else value
@@ -43,6 +45,8 @@ class RequestHeaders:
                 params[key] = params[key] + b"," + value if key in params else value
         self.h = h
         self.params = params
+        #: Bytes the header lines took on the wire (HTTP/1.1 framing), for the header cap.
+        self.size = size
 
     def get(self, name: bytes) -> bytes | None:
         return self.h.get(name)

@@ -125,6 +125,9 @@ class HttpApp:
                 return await self._healthz(r)
             return await r.body(404, b"Not Found\n", b"text/plain")
         headers = RequestHeaders(scope["headers"])
+        if headers.size > self.cfg.max_header_bytes:
+            # hypercorn caps only heads that arrive in pieces; this catches one that came whole.
+            return await self._plain_error(r, 431, "Request Header Fields Too Large", [(b"connection", b"close")])
         host = headers.get(b"host")
         if host is not None and not self.any_host and _host_name(host.decode("latin-1")) not in self.hosts:
             return await self._plain_error(r, 403, "Forbidden: Host header not allowed")

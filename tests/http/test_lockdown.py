@@ -1,0 +1,217 @@
+"""Host/Origin allowlists, bearer tokens and scopes, rate limits, size caps and timeouts, audit
+log and metrics, against a real ``toolcell serve --http`` process."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx2
+import pytest
+
+from tests.http.conftest import TOKENS, ServerProcess
+from tests.http.httpkit import LEGACY, initialize, legacy_headers, modern_post, rpc
+
+FULL = TOKENS["full"]
+
+
+@pytest.fixture
+def client() -> httpx2.Client:
+    with httpx2.Client(timeout=30) as c:
+        yield c
+
+
+def test_a_foreign_host_is_refused_and_localhost_is_served(locked_server: ServerProcess, client: httpx2.Client) -> None:
+    evil = {"host": "evil.example.com", "origin": "http://evil.example.com"}
+    r = modern_post(client, locked_server.url, "tools/list", token=FULL, headers=evil)
+    assert r.status_code == 403
+    assert r.json()["error"]["message"].startswith("Forbidden")
+    port = locked_server.url.split(":")[2].split("/")[0]
+    ok = modern_post(client, locked_server.url, "tools/list", token=FULL,
+                     headers={"host": f"localhost:{port}", "origin": f"http://localhost:{port}"})
+    assert ok.status_code == 200
+
+
+def test_a_foreign_origin_gets_403_and_an_allowed_one_gets_cors_headers(locked_server: ServerProcess,
+                                                                         client: httpx2.Client) -> None:
+    bad = modern_post(client, locked_server.url, "tools/list", token=FULL, headers={"origin": "https://evil.example"})
+    assert bad.status_code == 403
+    good = modern_post(client, locked_server.url, "tools/list", token=FULL,
+                       headers={"origin": "https://app.example.com"})
+    assert good.status_code == 200
+    assert good.headers["access-control-allow-origin"] == "https://app.example.com"
+    assert "mcp-session-id" in good.headers["access-control-expose-headers"]
+    pre = client.options(locked_server.url, headers={"origin": "https://app.example.com",
+                                                     "access-control-request-method": "POST",
+                                                     "access-control-request-headers": "authorization, mcp-method"})
+    assert pre.status_code == 204
+    assert "POST" in pre.headers["access-control-allow-methods"]
+
+
+def test_requests_without_a_valid_bearer_token_get_401(locked_server: ServerProcess, client: httpx2.Client) -> None:
+    for token in (None, "wrong-token"):
+        r = modern_post(client, locked_server.url, "tools/list", token=token)
+        assert r.status_code == 401
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        assert r.json()["error"]["code"] == -32600
+    basic = modern_post(client, locked_server.url, "tools/list", headers={"authorization": "Basic Zm9vOmJhcg=="})
+    assert basic.status_code == 401
+
+
+def test_healthz_reports_readiness_without_authentication(locked_server: ServerProcess, client: httpx2.Client) -> None:
+    r = client.get(locked_server.base + "/healthz")
+    assert r.status_code == 200
+    assert r.json()["status"] == "ready"
+    assert r.json()["tools"] >= 7
+    assert client.get(locked_server.base + "/other").status_code == 404
+
+
+def test_a_tool_outside_the_tokens_scopes_is_indistinguishable_from_an_unknown_tool(
+        locked_server: ServerProcess, client: httpx2.Client) -> None:
+    alpha = TOKENS["alpha"]
+    listed = modern_post(client, locked_server.url, "tools/list", token=alpha).json()["result"]
+    names = {t["name"] for t in listed["tools"]}
+    assert names and all(n.startswith("a_") for n in names)
+    assert listed["cacheScope"] == "private"
+    full = {t["name"] for t in modern_post(client, locked_server.url, "tools/list", token=FULL).json()["result"]["tools"]}
+    assert "b_secret" in full
+    hidden = modern_post(client, locked_server.url, "tools/call", {"name": "b_secret", "arguments": {}}, token=alpha, id=7)
+    missing = modern_post(client, locked_server.url, "tools/call", {"name": "b_nosuch", "arguments": {}}, token=alpha, id=7)
+    assert hidden.status_code == missing.status_code == 400
+    h, m = hidden.json(), missing.json()
+    assert h["id"] == m["id"] == 7
+    assert h["error"]["code"] == m["error"]["code"] == -32602
+    assert h["error"]["message"].replace("b_secret", "X") == m["error"]["message"].replace("b_nosuch", "X")
+    # The same holds in a legacy session: the session's listing is the principal's view.
+    sid = initialize(client, locked_server.url, alpha)
+    r = client.post(locked_server.url, json=rpc("tools/list", {}), headers=legacy_headers(alpha, sid))
+    assert {t["name"] for t in r.json()["result"]["tools"]} == names
+
+
+def test_a_principal_over_its_rate_limit_gets_429_saying_when_to_retry(locked_server: ServerProcess,
+                                                                       client: httpx2.Client) -> None:
+    slow = TOKENS["slow"]
+    statuses = [modern_post(client, locked_server.url, "tools/list", token=slow, id=i).status_code for i in range(3)]
+    assert statuses == [200, 200, 200]
+    r = modern_post(client, locked_server.url, "tools/list", token=slow, id="over")
+    assert r.status_code == 429
+    assert int(r.headers["retry-after"]) >= 1
+    body = r.json()
+    assert body["id"] == "over"
+    assert body["error"]["data"]["retryAfterMs"] > 0
+    assert "principal slow" in body["error"]["message"] and "retry in" in body["error"]["message"]
+    # Other principals are not affected.
+    assert modern_post(client, locked_server.url, "tools/list", token=FULL).status_code == 200
+
+
+def test_a_tool_over_its_rate_limit_gets_429(locked_server: ServerProcess, client: httpx2.Client) -> None:
+    call = {"name": "b_limited", "arguments": {}}
+    first = [modern_post(client, locked_server.url, "tools/call", call, token=FULL, id=i) for i in range(2)]
+    assert [r.status_code for r in first] == [200, 200]
+    r = modern_post(client, locked_server.url, "tools/call", call, token=FULL, id=3)
+    assert r.status_code == 429
+    assert r.json()["error"]["data"]["limit"] == "tool b_limited"
+    assert r.json()["id"] == 3
+    # Another tool is still served.
+    ok = modern_post(client, locked_server.url, "tools/call", {"name": "a_echo", "arguments": {"text": "x"}}, token=FULL)
+    assert ok.status_code == 200
+
+
+def test_a_body_over_the_cap_gets_413(locked_server: ServerProcess, client: httpx2.Client) -> None:
+    big = {"name": "a_echo", "arguments": {"text": "x" * 70_000}}
+    r = modern_post(client, locked_server.url, "tools/call", big, token=FULL)
+    assert r.status_code == 413
+
+
+def _raw(server: ServerProcess, data: bytes, pause_s: float = 0.0, rest: bytes = b"") -> bytes:
+    host, port = server.url.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(data)
+        if pause_s:
+            time.sleep(pause_s)
+            try:
+                s.sendall(rest)
+            except OSError:
+                pass
+        chunks = []
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (socket.timeout, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if b"\r\n\r\n" in b"".join(chunks):
+                break
+    return b"".join(chunks)
+
+
+def test_oversized_headers_get_431(locked_server: ServerProcess) -> None:
+    request = (b"POST /mcp HTTP/1.1\r\nHost: localhost\r\nX-Filler: " + b"a" * 8000 +
+               b"\r\nContent-Length: 2\r\n\r\n{}")
+    assert _raw(locked_server, request).startswith(b"HTTP/1.1 431")
+
+
+def test_a_client_that_sends_its_body_too_slowly_gets_408(locked_server: ServerProcess) -> None:
+    head = (b"POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + FULL.encode() + b"\r\nContent-Length: 40\r\n\r\n{\"jsonrpc\":")
+    response = _raw(locked_server, head, pause_s=1.6, rest=b"\"2.0\"")
+    assert response.startswith(b"HTTP/1.1 408")
+
+
+def test_wrong_content_type_gets_415_and_unacceptable_accept_gets_406(locked_server: ServerProcess,
+                                                                       client: httpx2.Client) -> None:
+    r = modern_post(client, locked_server.url, "tools/list", token=FULL, headers={"content-type": "text/plain"})
+    assert r.status_code == 415
+    r = modern_post(client, locked_server.url, "tools/list", token=FULL, headers={"accept": "text/html"})
+    assert r.status_code == 406
+
+
+def test_the_audit_log_has_one_json_line_per_tool_call_with_sizes_not_arguments(
+        locked_server: ServerProcess, client: httpx2.Client) -> None:
+    secret_text = "do-not-log-this-argument"
+    r = modern_post(client, locked_server.url, "tools/call", {"name": "a_echo", "arguments": {"text": secret_text}},
+                    token=FULL)
+    assert r.status_code == 200
+    size = len(json.dumps({"text": secret_text}, separators=(",", ":")))
+    deadline = time.monotonic() + 5
+    mine: list[dict] = []
+    while time.monotonic() < deadline and not mine:
+        lines = [json.loads(x) for x in locked_server.audit_path.read_text().splitlines() if x.strip()]
+        mine = [rec for rec in lines if rec["tool"] == "a_echo" and rec["argument_bytes"] == size]
+        time.sleep(0.05)
+    assert len(mine) == 1
+    rec = mine[0]
+    assert rec["event"] == "tool_call" and rec["outcome"] == "ok" and rec["plugin"] == "alpha"
+    assert rec["principal"] == "full"
+    assert rec["duration_ms"] >= 0
+    text = locked_server.audit_path.read_text()
+    assert secret_text not in text
+    assert all(tok not in text for tok in TOKENS.values())
+    assert all(tok not in locked_server.stderr_path.read_text() for tok in TOKENS.values())
+
+
+def test_metrics_are_served_on_their_own_listener(locked_server: ServerProcess, client: httpx2.Client) -> None:
+    modern_post(client, locked_server.url, "tools/call", {"name": "a_echo", "arguments": {"text": "m"}}, token=FULL)
+    r = client.get(locked_server.metrics_url)
+    assert r.status_code == 200
+    text = r.text
+    for name in ("toolcell_tool_calls_total", "toolcell_tool_call_duration_seconds_bucket", "toolcell_queue_depth",
+                 "toolcell_workers_alive", "toolcell_worker_restarts_total", "toolcell_limit_kills_total",
+                 "toolcell_http_responses_total", "toolcell_calls_in_flight"):
+        assert name in text, name
+    assert 'tool="a_echo"' in text
+    # The MCP endpoint does not serve metrics, and the metrics listener does not serve MCP.
+    assert client.get(locked_server.base + "/metrics").status_code == 404
+    assert client.post(locked_server.metrics_url.replace("/metrics", "/mcp"), json={}).status_code == 404
+
+
+def test_legacy_sessions_belong_to_their_principal(locked_server: ServerProcess, client: httpx2.Client) -> None:
+    sid = initialize(client, locked_server.url, FULL)
+    other = client.post(locked_server.url, json=rpc("tools/list", {}), headers=legacy_headers(TOKENS["alpha"], sid))
+    assert other.status_code == 404
+    own = client.post(locked_server.url, json=rpc("tools/list", {}), headers=legacy_headers(FULL, sid))
+    assert own.status_code == 200
+    assert own.json()["id"] == 1 and LEGACY
