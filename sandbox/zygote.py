@@ -34,6 +34,7 @@ from typing import Any
 
 from sandbox import api
 from sandbox.wire import (
+    HEADER,
     MAX_FRAME_BYTES,
     Call,
     Init,
@@ -118,7 +119,7 @@ def _relay(chan: Any, call: Call, pid: int, inp: socket.socket) -> None:
                     continue
                 if getattr(msg, "id", None) != call.id:
                     continue
-                chan.sock.sendall(encode_frame(msg))
+                chan.sock.sendall(HEADER.pack(len(raw)) + raw)  # forwarded as checked, not re-encoded
                 if isinstance(msg, Result):
                     done = True
                     break
