@@ -100,7 +100,8 @@ class _Live:
         restarts = CounterMetricFamily("toolcell_worker_restarts", "Workers started to replace lost ones",
                                        labels=["plugin"])
         kills = CounterMetricFamily("toolcell_limit_kills", "Workers killed for exceeding a limit", labels=["plugin"])
-        for name, plugin in sorted(daemon.plugins.items()):
+        for plugin in sorted(daemon.plugins.values(), key=lambda p: p.name):
+            name = plugin.name
             pool = plugin.pool
             if pool is None:
                 continue

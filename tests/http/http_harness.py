@@ -1,4 +1,4 @@
-"""HTTP transport fixtures: small test plugins and a real ``toolcell serve --http`` subprocess.
+"""HTTP transport test harness: small test plugins and a real ``toolcell serve --http`` subprocess.
 
 One locked-down server (tokens with scopes, rate limits, small caps, audit log, metrics) is
 started once and shared by the tests; tests that need the daemon's internals start
@@ -208,15 +208,6 @@ def stop_server(server: ServerProcess) -> None:
         except subprocess.TimeoutExpired:
             server.proc.kill()
             server.proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="session")
-def locked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = start_server(tmp_path_factory.mktemp("locked"), LOCKED_CONFIG)
-    try:
-        yield server
-    finally:
-        stop_server(server)
 
 
 # -- in-process -------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.http.conftest import TOKENS, ServerProcess
-from tests.http.httpkit import ACCEPT_BOTH, initialize, legacy_headers, messages, rpc
+from http_harness import TOKENS, ServerProcess
+from httpkit import ACCEPT_BOTH, initialize, legacy_headers, messages, rpc
 
 FULL = TOKENS["full"]
 

@@ -10,8 +10,8 @@ import time
 import httpx2
 import pytest
 
-from tests.http.conftest import TOKENS, ServerProcess
-from tests.http.httpkit import LEGACY, initialize, legacy_headers, modern_post, rpc
+from http_harness import TOKENS, ServerProcess
+from httpkit import LEGACY, initialize, legacy_headers, modern_post, rpc
 
 FULL = TOKENS["full"]
 

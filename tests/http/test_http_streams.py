@@ -1,0 +1,119 @@
+"""Long-lived streams and shutdown, with the daemon in-process: ``list_changed`` on the legacy GET
+stream and on modern listen streams (only those that asked), keep-alives, graceful shutdown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx2
+import trio
+
+from http_harness import make_plugins, open_http
+from httpkit import ACCEPT_BOTH, LEGACY, modern_body, modern_headers
+
+SUB_ID = "io.modelcontextprotocol/subscriptionId"
+
+
+class SSEReader:
+    """Reads one SSE response incrementally: JSON-RPC messages, and a count of comment lines."""
+
+    def __init__(self, response: httpx2.Response) -> None:
+        self.lines: AsyncIterator[str] = response.aiter_lines()
+        self.comments = 0
+
+    async def next(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
+        data: list[str] = []
+        with trio.move_on_after(timeout_s):
+            async for line in self.lines:
+                if line.startswith(":"):
+                    self.comments += 1
+                elif line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif line == "" and data:
+                    return json.loads("".join(data))
+        return None
+
+
+async def _initialize(client: httpx2.AsyncClient, url: str) -> str:
+    r = await client.post(url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        headers={"accept": ACCEPT_BOTH})
+    sid = r.headers["mcp-session-id"]
+    await client.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                      headers={"mcp-session-id": sid, "mcp-protocol-version": LEGACY, "accept": ACCEPT_BOTH})
+    return sid
+
+
+def _listen(notifications: dict[str, bool], id: Any) -> tuple[bytes, dict[str, str]]:
+    return (modern_body("subscriptions/listen", {"notifications": notifications}, id=id),
+            modern_headers("subscriptions/listen"))
+
+
+async def test_list_changed_reaches_the_get_stream_and_only_the_listen_streams_that_asked(tmp_path: Path) -> None:
+    plugins = make_plugins(tmp_path / "plugins")
+    async with open_http(plugins, tmp_path / "state", keepalive_s=0.2) as srv:
+        async with httpx2.AsyncClient(timeout=10) as client:
+            sid = await _initialize(client, srv.url)
+            get_headers = {"accept": "text/event-stream", "mcp-session-id": sid, "mcp-protocol-version": LEGACY}
+            tools_body, tools_headers = _listen({"toolsListChanged": True}, "tools-sub")
+            prompts_body, prompts_headers = _listen({"promptsListChanged": True}, 77)
+            async with client.stream("GET", srv.url, headers=get_headers) as get_stream, \
+                    client.stream("POST", srv.url, content=tools_body, headers=tools_headers) as tools_stream, \
+                    client.stream("POST", srv.url, content=prompts_body, headers=prompts_headers) as prompts_stream:
+                get_reader, tools_reader, prompts_reader = (SSEReader(get_stream), SSEReader(tools_stream),
+                                                            SSEReader(prompts_stream))
+                ack = await tools_reader.next()
+                assert ack is not None and ack["method"] == "notifications/subscriptions/acknowledged"
+                assert ack["params"]["_meta"][SUB_ID] == "tools-sub"
+                ack2 = await prompts_reader.next()
+                assert ack2 is not None and ack2["params"]["_meta"][SUB_ID] == 77
+                assert ack2["params"]["notifications"] == {}
+
+                beta = next(key for key, p in srv.daemon.plugins.items() if p.name == "beta")
+                srv.daemon.plugins.pop(beta)
+                assert srv.daemon.publish()
+
+                on_get = await get_reader.next()
+                assert on_get == {"jsonrpc": "2.0", "method": "notifications/tools/list_changed", "params": {}}
+                on_listen = await tools_reader.next()
+                assert on_listen is not None and on_listen["method"] == "notifications/tools/list_changed"
+                assert on_listen["params"]["_meta"][SUB_ID] == "tools-sub"
+                assert await prompts_reader.next(timeout_s=0.6) is None
+                assert prompts_reader.comments >= 1  # keep-alive comments while idle
+            # The listing no longer has beta's tools.
+            r = await client.post(srv.url, content=modern_body("tools/list"), headers=modern_headers("tools/list"))
+            assert all(not t["name"].startswith("b_") for t in r.json()["result"]["tools"])
+
+
+async def test_shutdown_finishes_in_flight_calls_and_ends_listen_streams_with_their_result(tmp_path: Path) -> None:
+    plugins = make_plugins(tmp_path / "plugins")
+    async with open_http(plugins, tmp_path / "state", shutdown_grace_s=5.0) as srv:
+        async with httpx2.AsyncClient(timeout=10) as client:
+            body, headers = _listen({"toolsListChanged": True}, "L")
+            results: dict[str, Any] = {}
+
+            async def slow_call() -> None:
+                r = await client.post(srv.url, content=modern_body(
+                    "tools/call", {"name": "a_sleep", "arguments": {"seconds": 0.6}}, id="slow"),
+                    headers=modern_headers("tools/call", "a_sleep"))
+                results["call"] = r.json()
+
+            async with client.stream("POST", srv.url, content=body, headers=headers) as listen:
+                reader = SSEReader(listen)
+                assert (await reader.next())["method"] == "notifications/subscriptions/acknowledged"
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(slow_call)
+                    await trio.sleep(0.2)
+                    srv.shutdown.set()
+                    end = await reader.next()
+                    assert end == {"jsonrpc": "2.0", "id": "L", "result": {"resultType": "complete",
+                                                                          "_meta": {SUB_ID: "L"}}}
+            assert results["call"]["result"]["content"][0]["text"] == "slept"
+            # No new connections are accepted any more.
+            try:
+                await client.get(srv.url.replace("/mcp", "/healthz"))
+                raise AssertionError("a request was served after shutdown began")
+            except httpx2.TransportError:
+                pass
