@@ -40,6 +40,10 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
     hcfg = cfg.http
     listen = parse_listen(http if http else (hcfg.listen or "")) if http is not None else None
     unix = unix or (hcfg.unix if http is not None else None)
+    if listen is not None:
+        from runtime.transports.http import check_exposure
+
+        check_exposure(hcfg, listen)
     async with open_daemon(cfg) as daemon:
         audit: Any = None
         metrics: Any = None

@@ -668,6 +668,13 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "127.0.0.1", "::1", "[::1]") or host.startswith("127.")
 
 
+def check_exposure(cfg: HttpConfig, listen: tuple[str, int] | None) -> None:
+    """Refuse (ValueError) to serve a non-loopback address without authentication, unless told to."""
+    if listen is not None and not is_loopback(listen[0]) and not cfg.tokens and not cfg.allow_unauthenticated:
+        raise ValueError(f"refusing to serve {listen[0]} without authentication: add [[http.tokens]] to the config, "
+                         "or set http.allow_unauthenticated = true")
+
+
 async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int] | None = None,
                      unix: str | None = None, shutdown: trio.Event | None = None, audit: Any = None,
                      on_app: Any = None, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -676,9 +683,7 @@ async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int]
     ``shutdown_grace_s`` to finish. ``task_status.started`` gets the endpoint URLs."""
     import hypercorn.trio
 
-    if listen is not None and not is_loopback(listen[0]) and not cfg.tokens and not cfg.allow_unauthenticated:
-        raise ValueError(f"refusing to serve {listen[0]} without authentication: add [[http.tokens]] to the config, "
-                         "or set http.allow_unauthenticated = true")
+    check_exposure(cfg, listen)
     sockets: list[socket.socket] = []
     try:
         if listen is not None:
@@ -714,6 +719,7 @@ async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int]
             task_status.started(urls)
     finally:
         app.close()
+        log("http_stopped", endpoints=urls)
         if unix is not None:
             import os
 
