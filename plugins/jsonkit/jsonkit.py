@@ -491,7 +491,7 @@ def flatten(document: str, style: Literal["path", "pointer"] = "path") -> Flatte
     quoted (["a.b"]), so every path can be fed back to json_query or json_unflatten.
 
     Args:
-        document: The JSON text to flatten (at most 4 MB).
+        document: The JSON text to flatten (at most 4 MB and 100000 leaves).
         style: Path style for the keys: "path" (a.b[0]) or "pointer" (/a/b/0).
     """
     doc = _load(document)

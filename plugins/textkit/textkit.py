@@ -23,7 +23,7 @@ MAX_REPLACEMENT_CHARS = 10_000
 MAX_OUTPUT_CHARS = 2_000_000
 MAX_MATCHES = 10_000
 MAX_DIFF_BYTES = 512_000
-MAX_DIFF_LINES = 10_000
+MAX_DIFF_LINES = 5_000
 
 READ_ONLY = {"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False}
 
@@ -393,8 +393,8 @@ def diff(
     A last line without a trailing newline is marked "\\ No newline at end of file", as GNU diff does.
 
     Args:
-        a: The original text (at most 512 KB and 10000 lines).
-        b: The new text (at most 512 KB and 10000 lines).
+        a: The original text (at most 512 KB and 5000 lines).
+        b: The new text (at most 512 KB and 5000 lines).
         from_name: Label of the original text in the --- header line.
         to_name: Label of the new text in the +++ header line.
     """
