@@ -243,7 +243,12 @@ def decode(
 
 # -- UUID --------------------------------------------------------------------------------------
 
-_NAMESPACES = {"dns": _uuid.NAMESPACE_DNS, "url": _uuid.NAMESPACE_URL, "oid": _uuid.NAMESPACE_OID, "x500": _uuid.NAMESPACE_X500}
+_NAMESPACES = {
+    "dns": _uuid.NAMESPACE_DNS,
+    "url": _uuid.NAMESPACE_URL,
+    "oid": _uuid.NAMESPACE_OID,
+    "x500": _uuid.NAMESPACE_X500,
+}
 
 
 class UuidResult(msgspec.Struct):
@@ -337,7 +342,7 @@ def _timestamp(payload: Any, claim: str) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
-        return _dt.datetime.fromtimestamp(value, _dt.timezone.utc).isoformat().replace("+00:00", "Z")
+        return _dt.datetime.fromtimestamp(value, _dt.UTC).isoformat().replace("+00:00", "Z")
     except (OverflowError, OSError, ValueError):
         return None
 
@@ -370,7 +375,7 @@ def jwt_decode(token: str) -> JwtResult:
     expired = None
     exp = payload.get("exp") if isinstance(payload, dict) else None
     if isinstance(exp, (int, float)) and not isinstance(exp, bool):
-        expired = exp <= _dt.datetime.now(_dt.timezone.utc).timestamp()
+        expired = exp <= _dt.datetime.now(_dt.UTC).timestamp()
     alg = header.get("alg")
     return JwtResult(
         verified=False,

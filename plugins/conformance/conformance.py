@@ -17,7 +17,7 @@ import wave
 import zlib
 from typing import Any
 
-from sandbox import ToolError, current, embedded_text, image, audio, tool
+from sandbox import ToolError, audio, current, embedded_text, image, tool
 
 FIXTURE = {"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False}
 STEP_DELAY_S = 0.05
@@ -42,9 +42,7 @@ def make_png(width: int = 1, height: int = 1, rgb: tuple[int, int, int] = (255, 
 def make_wav(duration_s: float = 0.1, rate: int = 8000, freq: float = 440.0) -> bytes:
     """A valid 16-bit mono PCM WAV holding a short sine tone."""
     frames = int(duration_s * rate)
-    samples = b"".join(
-        struct.pack("<h", int(12000 * math.sin(2 * math.pi * freq * i / rate))) for i in range(frames)
-    )
+    samples = b"".join(struct.pack("<h", int(12000 * math.sin(2 * math.pi * freq * i / rate))) for i in range(frames))
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
         w.setnchannels(1)
@@ -155,13 +153,19 @@ JSON_SCHEMA_2020_12: dict[str, Any] = {
 def json_schema_2020_12_tool(
     name: str | None = None,
     address: dict[str, Any] | None = None,
-    contactMethod: str | None = None,  # noqa: N803 - the schema's property name
+    contactMethod: str | None = None,
     phone: str | None = None,
     email: str | None = None,
 ) -> str:
     received = {
         k: v
-        for k, v in (("name", name), ("address", address), ("contactMethod", contactMethod), ("phone", phone), ("email", email))
+        for k, v in (
+            ("name", name),
+            ("address", address),
+            ("contactMethod", contactMethod),
+            ("phone", phone),
+            ("email", email),
+        )
         if v is not None
     }
     return "Received: " + json.dumps(received, sort_keys=True)

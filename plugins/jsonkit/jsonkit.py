@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -283,7 +283,11 @@ def query(
     path: str,
     max_results: Annotated[
         int,
-        msgspec.Meta(ge=1, le=10000, description="Return at most this many matches (1-10000); `truncated` tells whether more were left."),
+        msgspec.Meta(
+            ge=1,
+            le=10000,
+            description="Return at most this many matches (1-10000); `truncated` tells whether more were left.",
+        ),
     ] = 1000,
 ) -> QueryResult:
     """Select values from a JSON document with a JSON Pointer (/a/0/b) or a dotted/bracket path with wildcards (a[0].b, $.users[*].email, ["odd.key"]).
@@ -366,7 +370,9 @@ def format_json(
     text: str,
     indent: Annotated[
         int,
-        msgspec.Meta(ge=0, le=8, description="Spaces per nesting level (1-8), or 0 to minify onto one line without spaces."),
+        msgspec.Meta(
+            ge=0, le=8, description="Spaces per nesting level (1-8), or 0 to minify onto one line without spaces."
+        ),
     ] = 2,
     sort_keys: bool = False,
     ascii_only: bool = False,
@@ -453,7 +459,11 @@ def diff(
     b: str,
     max_changes: Annotated[
         int,
-        msgspec.Meta(ge=1, le=10000, description="Report at most this many changes (1-10000); `truncated` tells whether more were left."),
+        msgspec.Meta(
+            ge=1,
+            le=10000,
+            description="Report at most this many changes (1-10000); `truncated` tells whether more were left.",
+        ),
     ] = 1000,
 ) -> JsonDiff:
     """Compare two JSON documents structurally and list every changed location as a JSON Patch (RFC 6902) style operation.
@@ -541,7 +551,7 @@ _MISSING = object()
 
 @tool(annotations={"title": "Unflatten JSON", **READ_ONLY})
 def unflatten(
-    entries: Union[dict[str, Any], str],
+    entries: dict[str, Any] | str,
     style: Literal["auto", "path", "pointer"] = "auto",
 ) -> Unflattened:
     """Rebuild a nested JSON document from an object that maps paths to values (the inverse of json_flatten).

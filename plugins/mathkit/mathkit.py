@@ -10,7 +10,8 @@ from __future__ import annotations
 import ast
 import math
 import statistics as pystats
-from typing import Annotated, Any, Callable
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import msgspec
 
@@ -193,8 +194,16 @@ _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Pow: _power,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: lambda a: +a, ast.USub: lambda a: -a}
-_OP_SYMBOLS = {ast.BitXor: "^ (use ** for powers)", ast.BitAnd: "&", ast.BitOr: "|", ast.LShift: "<<",
-               ast.RShift: ">>", ast.MatMult: "@", ast.Invert: "~", ast.Not: "not"}
+_OP_SYMBOLS = {
+    ast.BitXor: "^ (use ** for powers)",
+    ast.BitAnd: "&",
+    ast.BitOr: "|",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+    ast.MatMult: "@",
+    ast.Invert: "~",
+    ast.Not: "not",
+}
 
 
 def _evaluate(node: ast.AST, depth: int = 0) -> Any:
@@ -242,8 +251,14 @@ def _evaluate(node: ast.AST, depth: int = 0) -> Any:
         except OverflowError:
             raise _EvalError(f"{node.func.id}() result too large") from None
     kind = type(node).__name__
-    hints = {"Attribute": "attribute access", "Subscript": "indexing", "Compare": "comparisons",
-             "BoolOp": "and/or", "Lambda": "lambdas", "IfExp": "conditional expressions"}
+    hints = {
+        "Attribute": "attribute access",
+        "Subscript": "indexing",
+        "Compare": "comparisons",
+        "BoolOp": "and/or",
+        "Lambda": "lambdas",
+        "IfExp": "conditional expressions",
+    }
     raise _EvalError(f"{hints.get(kind, kind)} is not allowed in expressions")
 
 
@@ -262,7 +277,7 @@ class EvalResult(msgspec.Struct):
     is_integer: bool
 
 
-def _json_number(value: int | float) -> int | float | None:
+def _json_number(value: float) -> int | float | None:
     if isinstance(value, float) or abs(value) <= 2**53:
         return value
     try:
@@ -271,7 +286,9 @@ def _json_number(value: int | float) -> int | float | None:
         return None
 
 
-@tool(annotations={"title": "Evaluate arithmetic", "readOnlyHint": True, "idempotentHint": True, "openWorldHint": False})
+@tool(
+    annotations={"title": "Evaluate arithmetic", "readOnlyHint": True, "idempotentHint": True, "openWorldHint": False}
+)
 def evaluate(expression: str, precision: Annotated[int, msgspec.Meta(ge=0, le=17)] | None = None) -> EvalResult:
     """Safely evaluate an arithmetic expression such as "2 * (3 + 4) ** 2 / sqrt(16)" and return the exact result.
 
@@ -355,7 +372,14 @@ def _percentile(ordered: list[float], p: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * frac
 
 
-@tool(annotations={"title": "Descriptive statistics", "readOnlyHint": True, "idempotentHint": True, "openWorldHint": False})
+@tool(
+    annotations={
+        "title": "Descriptive statistics",
+        "readOnlyHint": True,
+        "idempotentHint": True,
+        "openWorldHint": False,
+    }
+)
 def statistics(
     numbers: list[float],
     percentiles: list[Annotated[float, msgspec.Meta(ge=0, le=100)]] | None = None,
@@ -516,8 +540,8 @@ def _lookup(unit: str) -> tuple[str, str]:
                 "e.g. Mb = megabit, MB = megabyte, MiB = mebibyte"
             )
         listing = "; ".join(
-            f"{cat}: {', '.join(units)}" for cat, units in (*((c, list(u)) for c, u in _LINEAR.items()),
-                                                             ("temperature", list(_TEMPERATURE)))
+            f"{cat}: {', '.join(units)}"
+            for cat, units in (*((c, list(u)) for c, u in _LINEAR.items()), ("temperature", list(_TEMPERATURE)))
         )
         raise ToolError(f"unknown unit {unit!r}. Known units ({listing})")
     return found

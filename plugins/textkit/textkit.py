@@ -34,10 +34,10 @@ _STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before being below
     between both but by can could did do does doing down during each few for from further had has have
     having he her here hers herself him himself his how i if in into is it its itself just me more most
-    my myself no nor not now of off on once only or other our ours ourselves out over own same she should
-    so some such than that the their theirs them themselves then there these they this those through to
-    too under until up very was we were what when where which while who whom why will with would you your
-    yours yourself yourselves""".split()
+    my myself no nor not now of off on once only or other our ours ourselves out over own same she
+    should so some such than that the their theirs them themselves then there these they this those
+    through to too under until up very was we were what when where which while who whom why will with
+    would you your yours yourself yourselves""".split()  # noqa: SIM905
 )
 
 
@@ -77,31 +77,28 @@ def _nested_unbounded(parsed: object) -> bool:
     def big(max_: int) -> bool:
         return max_ == c.MAXREPEAT or max_ > _BIG_REPEAT
 
+    def children(op: object, av: object) -> list[object]:
+        """The sub-patterns a node contains (none for possessive repeats and atomic groups)."""
+        if op == c.SUBPATTERN:
+            return [av[-1]]  # type: ignore[index]
+        if op == c.BRANCH:
+            return list(av[1])  # type: ignore[index]
+        if op in (c.ASSERT, c.ASSERT_NOT):
+            return [av[1]]  # type: ignore[index]
+        if op == c.GROUPREF_EXISTS:
+            return [b for b in av[1:] if b is not None]  # type: ignore[index]
+        return []  # literals, classes, and POSSESSIVE_REPEAT / ATOMIC_GROUP (they never backtrack)
+
     def walk(items: object, inside_big_repeat: bool) -> bool:
         for op, av in items:  # type: ignore[attr-defined]
             if op in (c.MAX_REPEAT, c.MIN_REPEAT):
-                lo, hi, sub = av
-                if big(hi):
-                    if inside_big_repeat:
-                        return True
-                    if walk(sub, True):
-                        return True
-                elif walk(sub, inside_big_repeat):
+                _, hi, sub = av
+                if big(hi) and inside_big_repeat:
                     return True
-            elif op == getattr(c, "POSSESSIVE_REPEAT", None) or op == getattr(c, "ATOMIC_GROUP", None):
-                continue  # no backtracking into these
-            elif op == c.SUBPATTERN:
-                if walk(av[-1], inside_big_repeat):
+                if walk(sub, inside_big_repeat or big(hi)):
                     return True
-            elif op == c.BRANCH:
-                if any(walk(branch, inside_big_repeat) for branch in av[1]):
-                    return True
-            elif op in (c.ASSERT, c.ASSERT_NOT):
-                if walk(av[1], inside_big_repeat):
-                    return True
-            elif op == c.GROUPREF_EXISTS:
-                if any(walk(b, inside_big_repeat) for b in av[1:] if b is not None):
-                    return True
+            elif any(walk(child, inside_big_repeat) for child in children(op, av)):
+                return True
         return False
 
     return walk(parsed, False)
@@ -125,7 +122,7 @@ def _compile(pattern: str, flags: str) -> re.Pattern[str]:
     if _sre_parse is not None:
         try:
             parsed = _sre_parse.parse(pattern, value)
-        except Exception:  # pragma: no cover - compile() already accepted it
+        except (re.error, RecursionError, OverflowError):  # pragma: no cover - compile() accepted it
             parsed = None
         if parsed is not None and _nested_unbounded(parsed):
             raise ToolError(
@@ -164,7 +161,11 @@ def stats(
     text: str,
     top_n: Annotated[
         int,
-        msgspec.Meta(ge=0, le=100, description="How many of the most frequent words to list (0-100); ties are ordered alphabetically."),
+        msgspec.Meta(
+            ge=0,
+            le=100,
+            description="How many of the most frequent words to list (0-100); ties are ordered alphabetically.",
+        ),
     ] = 10,
     ignore_stopwords: bool = False,
     words_per_minute: Annotated[
@@ -248,7 +249,11 @@ def regex_search(
     flags: str = "",
     max_matches: Annotated[
         int,
-        msgspec.Meta(ge=1, le=MAX_MATCHES, description="Stop after this many matches (1-10000); `truncated` tells whether more were left."),
+        msgspec.Meta(
+            ge=1,
+            le=MAX_MATCHES,
+            description="Stop after this many matches (1-10000); `truncated` tells whether more were left.",
+        ),
     ] = 100,
 ) -> SearchResult:
     """Find the matches of a Python regular expression in a text, with their spans, line/column and capture groups.
@@ -321,7 +326,9 @@ def regex_replace(
     flags: str = "",
     count: Annotated[
         int,
-        msgspec.Meta(ge=0, le=1_000_000, description="Replace at most this many matches, from the start; 0 replaces all of them."),
+        msgspec.Meta(
+            ge=0, le=1_000_000, description="Replace at most this many matches, from the start; 0 replaces all of them."
+        ),
     ] = 0,
 ) -> ReplaceResult:
     """Replace the matches of a Python regular expression in a text and return the new text and the number of replacements.
@@ -431,7 +438,11 @@ def slugify(
     separator: Literal["-", "_", "."] = "-",
     max_length: Annotated[
         int,
-        msgspec.Meta(ge=0, le=1000, description="Cut the slug to at most this many characters at a word boundary when possible; 0 means no limit."),
+        msgspec.Meta(
+            ge=0,
+            le=1000,
+            description="Cut the slug to at most this many characters at a word boundary when possible; 0 means no limit.",
+        ),
     ] = 0,
     ascii_only: bool = True,
     lowercase: bool = True,

@@ -13,7 +13,7 @@ import functools
 import math
 import re
 import zoneinfo
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from typing import Annotated, Literal
 
 import msgspec
@@ -50,7 +50,7 @@ def _zone(name: str) -> tzinfo:
     if not key:
         raise ToolError("time zone name is empty")
     if key.lower() in _UTC_NAMES:
-        return timezone.utc
+        return UTC
     m = _OFFSET.match(key)
     if m:
         sign, hours, minutes = m.group(1), int(m.group(2)), int(m.group(3) or 0)
@@ -81,7 +81,7 @@ def _zone_name(tz: tzinfo, dt: datetime) -> str:
     key = getattr(tz, "key", None)
     if key:
         return str(key)
-    if tz is timezone.utc:
+    if tz is UTC:
         return "UTC"
     return _offset_text(dt.utcoffset())
 
@@ -106,11 +106,11 @@ def _parse(text: str, zone: tzinfo, what: str = "datetime") -> datetime:
     if len(value) > MAX_INPUT_CHARS:
         raise ToolError(f"{what} is too long")
     if value.lower() == "now":
-        return datetime.now(timezone.utc).astimezone(zone)
-    unix = value[1:] if value.startswith("@") else value
+        return datetime.now(UTC).astimezone(zone)
+    unix = value.removeprefix("@")
     if re.fullmatch(r"[+-]?\d+(\.\d+)?", unix) and (value.startswith("@") or len(unix.lstrip("+-").split(".")[0]) >= 9):
         try:
-            return datetime.fromtimestamp(float(unix), timezone.utc).astimezone(zone)
+            return datetime.fromtimestamp(float(unix), UTC).astimezone(zone)
         except (OverflowError, OSError, ValueError):
             raise ToolError(f"{what} {text!r} is out of range as a Unix timestamp") from None
     iso = value
@@ -131,7 +131,7 @@ def _parse(text: str, zone: tzinfo, what: str = "datetime") -> datetime:
 def _localize(naive: datetime, zone: tzinfo, fold: int = 0) -> datetime:
     """Attach ``zone`` to a wall-clock time; a time that does not exist (DST gap) is refused."""
     dt = naive.replace(tzinfo=zone, fold=fold)
-    roundtrip = dt.astimezone(timezone.utc).astimezone(zone)
+    roundtrip = dt.astimezone(UTC).astimezone(zone)
     if roundtrip.replace(tzinfo=None) != naive:
         raise ToolError(
             f"{naive.isoformat()} does not exist in {_zone_name(zone, dt)} (clocks skip it at a DST change); "
@@ -168,7 +168,7 @@ class ZonedTime(msgspec.Struct):
 
 
 def _describe(dt: datetime) -> ZonedTime:
-    utc = dt.astimezone(timezone.utc)
+    utc = dt.astimezone(UTC)
     unix = utc.timestamp()
     return ZonedTime(
         iso=_iso(dt),
@@ -261,12 +261,12 @@ def _add_months(dt: datetime, months: int) -> datetime:
 def _resolve_wall(naive: datetime, zone: tzinfo) -> tuple[datetime, bool]:
     """Attach ``zone`` to a wall time; a time in a DST gap moves forward by the gap (like RFC 5545)."""
     dt = naive.replace(tzinfo=zone)
-    back = dt.astimezone(timezone.utc).astimezone(zone)
+    back = dt.astimezone(UTC).astimezone(zone)
     if back.replace(tzinfo=None) == naive:
         return dt, False
     # In a gap: interpret with the offset before the transition, which lands after the gap.
     before = naive.replace(tzinfo=zone, fold=0).utcoffset()
-    shifted = (naive - before).replace(tzinfo=timezone.utc).astimezone(zone)  # type: ignore[operator]
+    shifted = (naive - before).replace(tzinfo=UTC).astimezone(zone)  # type: ignore[operator]
     return shifted, True
 
 
@@ -297,7 +297,11 @@ def add(
     ] = 0,
     days: Annotated[
         float,
-        msgspec.Meta(ge=-1_000_000, le=1_000_000, description="Days to add, as wall-clock days (fractions are added as elapsed time)."),
+        msgspec.Meta(
+            ge=-1_000_000,
+            le=1_000_000,
+            description="Days to add, as wall-clock days (fractions are added as elapsed time).",
+        ),
     ] = 0,
     hours: Annotated[
         float,
@@ -328,8 +332,15 @@ def add(
     """
     tz = _zone(zone)
     start = _parse(datetime, tz).astimezone(tz)
-    parts = {"years": float(years), "months": float(months), "weeks": weeks, "days": days,
-             "hours": hours, "minutes": minutes, "seconds": seconds}
+    parts = {
+        "years": float(years),
+        "months": float(months),
+        "weeks": weeks,
+        "days": days,
+        "hours": hours,
+        "minutes": minutes,
+        "seconds": seconds,
+    }
     if duration:
         for key, value in _parse_duration(duration).items():
             parts[key] += value
@@ -345,8 +356,8 @@ def add(
     if wall != start.replace(tzinfo=None):
         # Keep the original fold preference for an ambiguous result.
         moved = moved.replace(fold=start.fold) if not shifted else moved
-    result = (moved.astimezone(timezone.utc) + timedelta(seconds=extra_seconds)).astimezone(tz)
-    elapsed = (result.astimezone(timezone.utc) - start.astimezone(timezone.utc)).total_seconds()
+    result = (moved.astimezone(UTC) + timedelta(seconds=extra_seconds)).astimezone(tz)
+    elapsed = (result.astimezone(UTC) - start.astimezone(UTC)).total_seconds()
     return AddResult(_describe(start), _describe(result), elapsed, shifted)
 
 
@@ -372,11 +383,11 @@ def _calendar_diff(a: datetime, b: datetime) -> tuple[int, int, int, int, int, f
     """Whole years, months and days on the wall clock, then elapsed h/m/s, from a to b (a <= b)."""
     tz = a.tzinfo
     aw, bw = a.replace(tzinfo=None), b.replace(tzinfo=None)
-    b_utc = b.astimezone(timezone.utc)
+    b_utc = b.astimezone(UTC)
 
     def at(months: int, days: int) -> datetime:
         wall = _add_months(aw, months) + timedelta(days=days)
-        return _resolve_wall(wall, tz)[0].astimezone(timezone.utc)  # type: ignore[arg-type]
+        return _resolve_wall(wall, tz)[0].astimezone(UTC)  # type: ignore[arg-type]
 
     months = max((bw.year - aw.year) * 12 + (bw.month - aw.month), 0)
     while months > 0 and at(months, 0) > b_utc:
@@ -423,11 +434,15 @@ def difference(start: str, end: str, zone: str = "UTC") -> Difference:
     tz = _zone(zone)
     a = _parse(start, tz, "start").astimezone(tz)
     b = _parse(end, tz, "end").astimezone(tz)
-    total = (b.astimezone(timezone.utc) - a.astimezone(timezone.utc)).total_seconds()
+    total = (b.astimezone(UTC) - a.astimezone(UTC)).total_seconds()
     negative = total < 0
     lo, hi = (b, a) if negative else (a, b)
     y, mo, d, h, mi, s = _calendar_diff(lo, hi)
-    parts = [_plural(v, u) for v, u in ((y, "year"), (mo, "month"), (d, "day"), (h, "hour"), (mi, "minute"), (s, "second")) if v]
+    parts = [
+        _plural(v, u)
+        for v, u in ((y, "year"), (mo, "month"), (d, "day"), (h, "hour"), (mi, "minute"), (s, "second"))
+        if v
+    ]
     human = ", ".join(parts) if parts else "0 seconds"
     return Difference(
         start=_iso(a),
@@ -455,10 +470,13 @@ class ZoneList(msgspec.Struct):
 
 
 @tool(annotations={"title": "List time zones", **READ_ONLY})
-def list_zones(query: str = "", limit: Annotated[
+def list_zones(
+    query: str = "",
+    limit: Annotated[
         int,
         msgspec.Meta(ge=1, le=1000, description="Return at most this many names (1-1000); `total` counts all matches."),
-    ] = 100) -> ZoneList:
+    ] = 100,
+) -> ZoneList:
     """List IANA time zone names that contain a substring (case-insensitive; spaces match underscores), sorted alphabetically.
 
     Args:
@@ -554,5 +572,4 @@ def now(zone: str = "UTC") -> ZonedTime:
     Args:
         zone: The time zone (IANA name such as Asia/Tokyo, UTC, or a fixed offset like -03:00).
     """
-    return _describe(datetime.now(timezone.utc).astimezone(_zone(zone)))
-
+    return _describe(datetime.now(UTC).astimezone(_zone(zone)))

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
-
 from plugin_harness import LoadedPlugin, import_plugin
 
 _cache: dict[str, LoadedPlugin] = {}

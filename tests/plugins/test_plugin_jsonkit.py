@@ -106,7 +106,9 @@ def test_validate(jk):
 
 def test_format(jk):
     assert jk.module.format_json('{"b": 1, "a": [1, 2]}', indent=0) == '{"b":1,"a":[1,2]}'
-    assert jk.module.format_json('{"b": 1, "a": [1]}', indent=2, sort_keys=True) == '{\n  "a": [\n    1\n  ],\n  "b": 1\n}'
+    assert (
+        jk.module.format_json('{"b": 1, "a": [1]}', indent=2, sort_keys=True) == '{\n  "a": [\n    1\n  ],\n  "b": 1\n}'
+    )
     assert jk.module.format_json('["é"]', 0) == '["é"]'
     assert jk.module.format_json('["é"]', 0, ascii_only=True) == '["\\u00e9"]'
     assert jk.module.format_json("[123456789012345678901234567890]", 0) == "[123456789012345678901234567890]"

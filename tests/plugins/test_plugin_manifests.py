@@ -7,21 +7,42 @@ import re
 import sys
 
 import pytest
-
 from plugin_harness import PLUGIN_DIRS, jsonschema_rs
+
 from runtime.manifest import load_manifest
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 EXPECTED_TOOLS = {
-    "textkit": {"text_stats", "text_regex_search", "text_regex_replace", "text_diff", "text_slugify", "text_convert_case"},
+    "textkit": {
+        "text_stats",
+        "text_regex_search",
+        "text_regex_replace",
+        "text_diff",
+        "text_slugify",
+        "text_convert_case",
+    },
     "mathkit": {"math_evaluate", "math_statistics", "math_convert_units"},
     "codec": {"codec_hash", "codec_hmac", "codec_encode", "codec_decode", "codec_uuid", "codec_jwt_decode"},
-    "timekit": {"time_convert", "time_add", "time_difference", "time_list_zones", "time_parse", "time_format", "time_now"},
+    "timekit": {
+        "time_convert",
+        "time_add",
+        "time_difference",
+        "time_list_zones",
+        "time_parse",
+        "time_format",
+        "time_now",
+    },
     "jsonkit": {"json_query", "json_validate", "json_format", "json_diff", "json_flatten", "json_unflatten"},
     "conformance": {
-        "test_simple_text", "test_image_content", "test_audio_content", "test_embedded_resource",
-        "test_multiple_content_types", "test_tool_with_logging", "test_tool_with_progress",
-        "test_error_handling", "json_schema_2020_12_tool",
+        "test_simple_text",
+        "test_image_content",
+        "test_audio_content",
+        "test_embedded_resource",
+        "test_multiple_content_types",
+        "test_tool_with_logging",
+        "test_tool_with_progress",
+        "test_error_handling",
+        "json_schema_2020_12_tool",
     },
     "echo": {"echo"},
 }

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import zoneinfo
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -123,7 +123,7 @@ def test_format(tm):
 
 
 def test_now_is_current(tm):
-    before = datetime.now(timezone.utc).timestamp()
+    before = datetime.now(UTC).timestamp()
     r = tm.call("now", zone="Asia/Tokyo").structured
     assert r["zone"] == "Asia/Tokyo" and r["utc_offset"] == "+09:00"
     assert abs(r["unix"] - before) < 5
