@@ -1,0 +1,213 @@
+"""Source of the test plugins the daemon tests load (written into ``tmp_path`` by ``make_plugin``)."""
+
+from __future__ import annotations
+
+#: General-purpose misbehaving tools. Every tool that might be killed reports its pid first
+#: (through a progress message, so the test can check that process afterwards).
+PROBE = r'''
+import os
+import stat
+import sys
+import time
+
+from sandbox import ToolResult, current, tool
+
+
+def _say_pid():
+    current().progress(1, None, f"pid={os.getpid()}")
+
+
+@tool
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    return text
+
+
+@tool
+def pid() -> str:
+    """The worker's process id."""
+    return str(os.getpid())
+
+
+@tool
+def crash(code: int = 3) -> str:
+    """Exit the worker process abruptly."""
+    _say_pid()
+    os._exit(code)
+
+
+def _ipc_fd():
+    candidates = [3] + [int(n) for n in os.listdir("/proc/self/fd") if int(n) > 3]
+    for fd in candidates:
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                return fd
+        except OSError:
+            pass
+    raise RuntimeError("no IPC socket found")
+
+
+@tool
+def garbage() -> str:
+    """Write a malformed frame (valid length prefix, invalid msgpack) on the IPC channel."""
+    os.write(_ipc_fd(), b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1")
+    time.sleep(0.2)
+    return "sent garbage"
+
+
+@tool
+def big(size: int) -> str:
+    """Return ``size`` characters."""
+    return "x" * size
+
+
+@tool
+def slow(seconds: float) -> str:
+    """Report the pid, then sleep."""
+    _say_pid()
+    time.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@tool
+def chatty(steps: int = 3) -> str:
+    """Report progress and log at every step."""
+    ctx = current()
+    for i in range(1, steps + 1):
+        ctx.progress(i, steps, f"step {i} of {steps}")
+        ctx.log("debug", f"debug {i}")
+        ctx.log("warning", {"step": i}, "probe")
+    return "chatty done"
+
+
+@tool
+def fail(message: str) -> str:
+    """Raise an exception with ``message``."""
+    def inner():
+        raise ValueError(message)
+    inner()
+
+
+@tool
+def noisy() -> str:
+    """Print to stdout and stderr (including a forged JSON-RPC response), then answer."""
+    print("plugin chatter on stdout " * 50)
+    sys.stdout.flush()
+    os.write(1, b'{"jsonrpc":"2.0","id":1,"result":{"forged":true}}\n')
+    print("plugin chatter on stderr", file=sys.stderr)
+    return "quiet result"
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers (structured output)."""
+    return a + b
+
+
+@tool(output_schema={"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]})
+def deep(depth: int) -> ToolResult:
+    """Return structured content nested ``depth`` levels deep (which breaks the outputSchema)."""
+    value = []
+    for _ in range(depth):
+        value = [value]
+    return ToolResult(content=[{"type": "text", "text": "deep"}], structured={"v": value}, has_structured=True)
+'''
+
+#: Tools for deadline tests (the plugin's timeout is short).
+DEADLINE = r'''
+import os
+import time
+
+from sandbox import current, tool
+
+
+@tool
+def sleepy(seconds: float) -> str:
+    """Report the pid, then sleep past the deadline."""
+    current().progress(1, None, f"pid={os.getpid()}")
+    time.sleep(seconds)
+    return "woke up"
+
+
+@tool
+def escape() -> str:
+    """Double-fork a grandchild into its own session, report its pid, then hang."""
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        grandchild = os.fork()
+        if grandchild == 0:
+            os.close(r)
+            os.write(w, str(os.getpid()).encode())
+            os.close(w)
+            time.sleep(120)
+            os._exit(0)
+        os._exit(0)
+    os.close(w)
+    os.waitpid(child, 0)
+    grandchild = int(os.read(r, 64))
+    current().progress(1, None, f"pid={grandchild}")
+    time.sleep(120)
+    return "never"
+
+
+@tool
+def escape_quietly() -> str:
+    """Like ``escape``, but the grandchild detaches its stdio (as a proper daemon would)."""
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        grandchild = os.fork()
+        if grandchild == 0:
+            os.close(r)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.write(w, str(os.getpid()).encode())
+            os.close(w)
+            time.sleep(120)
+            os._exit(0)
+        os._exit(0)
+    os.close(w)
+    os.waitpid(child, 0)
+    grandchild = int(os.read(r, 64))
+    current().progress(1, None, f"pid={grandchild}")
+    time.sleep(120)
+    return "never"
+
+
+@tool
+def quick() -> str:
+    """Answer at once."""
+    return "quick"
+'''
+
+#: One worker, one queue slot.
+SINGLE = r'''
+import time
+
+from sandbox import tool
+
+
+@tool
+def hold(seconds: float) -> str:
+    """Sleep, then answer."""
+    time.sleep(seconds)
+    return "held"
+'''
+
+#: A second, well-behaved plugin (to check that one plugin's trouble never reaches another).
+NEIGHBOUR = r'''
+import time
+
+from sandbox import tool
+
+
+@tool
+def wait_then_answer(seconds: float) -> str:
+    """Sleep, then answer."""
+    time.sleep(seconds)
+    return "neighbour answered"
+'''

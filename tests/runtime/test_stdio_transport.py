@@ -1,0 +1,336 @@
+"""The stdio transport (``runtime.transports.stdio.serve_stdio``) over in-memory streams.
+
+A real daemon (its workers are real processes) is opened in-process; the client side is a
+``trio.testing.memory_stream_pair``, so line splitting, EOF handling and output framing are tested
+without a subprocess for the daemon itself. Garbage through a real ``toolcell serve --stdio``
+process closes the file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import random
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import pytest
+import trio
+import trio.testing
+
+import probe_plugins
+from runtime.config import load_config
+from runtime.daemon import Daemon, open_daemon
+from runtime.transports.stdio import serve_stdio
+from stdio_peer import open_toolcell, text_of
+
+MAX_LINE = 4096
+WAIT_S = 15.0
+
+
+@pytest.fixture(autouse=True)
+def _not_a_subreaper_afterwards() -> Any:
+    """``open_daemon`` makes this process a child subreaper; undo that for the tests that follow."""
+    yield
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+@pytest.fixture
+async def daemon(make_plugin: Callable[..., Path], tmp_path: Path) -> AsyncIterator[Daemon]:
+    plugins = make_plugin("probe", probe_plugins.PROBE, limits={"timeout_s": 10, "max_concurrency": 2})
+    cfg = load_config(None, {"plugins": [str(plugins)], "policy": "none", "max_message_bytes": MAX_LINE,
+                             "watch": False, "state_dir": str(tmp_path / "state"), "log_level": "error"})
+    async with open_daemon(cfg) as d:
+        yield d
+
+
+class Conversation:
+    """One stdio connection: what the client sent, everything the server wrote."""
+
+    def __init__(self, client: trio.StapledStream) -> None:
+        self.client = client
+        self.output = bytearray()
+        self.served = trio.Event()
+
+    async def send(self, data: bytes) -> None:
+        await self.client.send_all(data)
+
+    async def hang_up(self) -> None:
+        await self.client.send_stream.aclose()
+
+    def lines(self) -> list[bytes]:
+        assert self.output.endswith(b"\n") or not self.output, bytes(self.output[-200:])
+        return [line for line in bytes(self.output).split(b"\n") if line]
+
+    def messages(self) -> list[Any]:
+        out: list[Any] = []
+        for line in self.lines():
+            out.append(json.loads(line))
+        return out
+
+    def responses(self) -> dict[Any, Any]:
+        found: dict[Any, Any] = {}
+        for m in self.messages():
+            for item in (m if isinstance(m, list) else [m]):
+                if "method" not in item:
+                    found[json.dumps(item.get("id"))] = item
+        return found
+
+    async def wait_for_line_count(self, count: int) -> None:
+        with trio.fail_after(WAIT_S):
+            while len(bytes(self.output).split(b"\n")) - 1 < count:
+                await trio.sleep(0.01)
+
+
+async def converse(daemon: Daemon, script: Callable[[Conversation], Any]) -> Conversation:
+    """Run ``serve_stdio`` on a memory stream pair; ``script`` plays the client, then hangs up."""
+    client, server = trio.testing.memory_stream_pair()
+    conv = Conversation(client)
+
+    async def read_all() -> None:
+        while True:
+            data = await client.receive_some(1 << 16)
+            if not data:
+                return
+            conv.output += data
+
+    async def serve() -> None:
+        await serve_stdio(daemon, server.receive_stream, server.send_stream)
+        conv.served.set()
+        await server.send_stream.aclose()
+
+    with trio.fail_after(WAIT_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_all)
+            nursery.start_soon(serve)
+            await script(conv)
+            await conv.served.wait()
+    return conv
+
+
+def req(method: str, params: Any = None, id: Any = 1) -> bytes:
+    obj: dict[str, Any] = {"jsonrpc": "2.0", "id": id, "method": method}
+    if params is not None:
+        obj["params"] = params
+    return json.dumps(obj).encode() + b"\n"
+
+
+INIT = req("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}}, id=0)
+
+
+def key(request_id: Any) -> str:
+    return json.dumps(request_id)
+
+
+# -- framing --------------------------------------------------------------------------------------
+
+
+async def test_each_response_is_one_line_of_json_on_stdout(daemon: Daemon) -> None:
+    async def script(c: Conversation) -> None:
+        await c.send(INIT + req("ping", id=1) + req("tools/list", {}, id=2))
+        await c.wait_for_line_count(3)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    assert [m["id"] for m in conv.messages()] == [0, 1, 2]
+    names = [t["name"] for t in conv.messages()[2]["result"]["tools"]]
+    assert names == sorted(names) and "echo" in names
+
+
+async def test_a_message_split_across_many_writes_is_reassembled(daemon: Daemon) -> None:
+    async def script(c: Conversation) -> None:
+        data = INIT + req("tools/call", {"name": "echo", "arguments": {"text": "pieces"}}, id="p")
+        for i in range(0, len(data), 7):
+            await c.send(data[i:i + 7])
+            await trio.sleep(0)
+        await c.wait_for_line_count(2)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    assert text_of(conv.responses()[key("p")]) == "pieces"
+
+
+async def test_crlf_line_endings_and_blank_lines_are_accepted(daemon: Daemon) -> None:
+    async def script(c: Conversation) -> None:
+        await c.send(INIT.replace(b"\n", b"\r\n") + b"\n\r\n   \n" + req("ping", id=5).replace(b"\n", b"\r\n"))
+        await c.wait_for_line_count(2)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    assert set(conv.responses()) == {key(0), key(5)}
+    assert all("error" not in m for m in conv.messages())
+
+
+async def test_a_line_over_the_size_cap_gets_a_clear_error_and_the_next_line_is_served(daemon: Daemon) -> None:
+    huge = req("ping", {"pad": "x" * (MAX_LINE * 3)}, id="huge")
+
+    async def script(c: Conversation) -> None:
+        await c.send(INIT)
+        # Sent in pieces so that the cap is hit before the newline arrives.
+        for i in range(0, len(huge), 1000):
+            await c.send(huge[i:i + 1000])
+            await trio.sleep(0)
+        await c.send(req("ping", id="after"))
+        await c.wait_for_line_count(3)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    messages = conv.messages()
+    errors = [m for m in messages if "error" in m]
+    assert len(errors) == 1, messages  # one error for the whole long line, none for its tail
+    assert errors[0]["error"]["code"] == -32600
+    assert str(MAX_LINE) in errors[0]["error"]["message"]
+    assert conv.responses()[key("after")]["result"] == {}
+
+
+async def test_a_long_line_arriving_in_one_chunk_is_refused_too(daemon: Daemon) -> None:
+    async def script(c: Conversation) -> None:
+        await c.send(INIT + req("ping", {"pad": "y" * (MAX_LINE + 10)}, id="big") + req("ping", id="ok"))
+        await c.wait_for_line_count(3)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    errors = [m for m in conv.messages() if "error" in m]
+    assert len(errors) == 1 and errors[0]["error"]["code"] == -32600
+    assert conv.responses()[key("ok")]["result"] == {}
+
+
+# -- end of input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: serve_stdio ends with `await writer.flush(); nursery.cancel_scope.cancel()`; when the writer "
+    "task has already taken the last responses off `pending` and is inside `send_all`, flush() finds "
+    "nothing to do and the cancel aborts that send: replies to calls that finish just before/after "
+    "stdin EOF are lost (reproduced with `printf '<initialize>\\n<tools/call>\\n' | toolcell serve "
+    "--stdio --no-watch`)"))
+async def test_every_request_sent_before_stdin_closes_is_answered(daemon: Daemon) -> None:
+    for round_ in range(3):
+        ids = [f"r{round_}-{i}" for i in range(4)]
+
+        async def script(c: Conversation) -> None:
+            data = INIT + req("ping", id=ids[0]) + req("tools/list", {}, id=ids[1])
+            data += req("tools/call", {"name": "echo", "arguments": {"text": "last"}}, id=ids[2])
+            data += req("tools/call", {"name": "slow", "arguments": {"seconds": 0.05}}, id=ids[3])
+            await c.send(data)
+            await c.hang_up()  # at once: in-flight calls must still be answered
+
+        conv = await converse(daemon, script)
+        got = conv.responses()
+        assert {key(i) for i in ids} <= set(got), f"round {round_}: answered only {sorted(got)}"
+        assert text_of(got[key(ids[2])]) == "last"
+
+
+# -- many calls, one connection ---------------------------------------------------------------------
+
+
+async def test_responses_go_out_as_calls_finish_not_in_request_order(daemon: Daemon) -> None:
+    async def script(c: Conversation) -> None:
+        await c.send(INIT + req("tools/call", {"name": "slow", "arguments": {"seconds": 1.0}}, id="slow")
+                     + req("tools/call", {"name": "echo", "arguments": {"text": "fast"}}, id="fast"))
+        await c.wait_for_line_count(3)  # initialize, fast, slow
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    order = [m.get("id") for m in conv.messages() if "method" not in m]
+    assert order.index("fast") < order.index("slow")
+
+
+async def test_a_second_request_with_an_in_flight_id_is_refused_without_disturbing_the_first(daemon: Daemon) -> None:
+    async def script(c: Conversation) -> None:
+        await c.send(INIT + req("tools/call", {"name": "slow", "arguments": {"seconds": 0.5}}, id=7))
+        await trio.sleep(0.1)
+        await c.send(req("tools/call", {"name": "echo", "arguments": {"text": "dup"}}, id=7))
+        await c.wait_for_line_count(3)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    sevens = [m for m in conv.messages() if m.get("id") == 7]
+    assert len(sevens) == 2
+    assert sevens[0]["error"]["code"] == -32600
+    assert text_of(sevens[1]) == "slept 0.5"
+
+
+async def test_a_2025_03_26_batch_is_answered_with_one_array_once_every_member_is_done(daemon: Daemon) -> None:
+    init = req("initialize", {"protocolVersion": "2025-03-26", "capabilities": {}}, id=0)
+    batch = json.dumps([
+        {"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "slow", "arguments": {"seconds": 0.3}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": "b", "method": "ping"},
+        {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "c"}}},
+        {"jsonrpc": "2.0", "id": "d", "method": "nope"},
+    ]).encode() + b"\n"
+
+    async def script(c: Conversation) -> None:
+        await c.send(init + batch)
+        await c.wait_for_line_count(2)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    messages = conv.messages()
+    assert len(messages) == 2
+    array = messages[1]
+    assert isinstance(array, list)
+    assert sorted(m["id"] for m in array) == ["a", "b", "c", "d"]
+    by_id = {m["id"]: m for m in array}
+    assert text_of(by_id["a"]) == "slept 0.3" and text_of(by_id["c"]) == "c"
+    assert by_id["d"]["error"]["code"] == -32601
+
+
+async def test_legacy_and_modern_requests_are_served_on_one_connection(daemon: Daemon) -> None:
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+
+    async def script(c: Conversation) -> None:
+        await c.send(req("tools/list", {"_meta": meta}, id="modern") + INIT + req("tools/list", {}, id="legacy"))
+        await c.wait_for_line_count(3)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    got = conv.responses()
+    assert got[key("modern")]["result"]["resultType"] == "complete"
+    assert "resultType" not in got[key("legacy")]["result"]
+    assert [t["name"] for t in got[key("modern")]["result"]["tools"]] == \
+        [t["name"] for t in got[key("legacy")]["result"]["tools"]]
+
+
+# -- garbage through a real process -----------------------------------------------------------------
+
+
+def garbage_lines(seed: int = 1234, count: int = 150) -> list[bytes]:
+    rng = random.Random(seed)
+    lines: list[bytes] = [
+        b"\xff\xfe\xfd", b"{", b"[]", b"[1,2,3]", b"null", b'"just a string"', b"{}" * 3,
+        b'{"jsonrpc":"2.0","id":null,"method":"ping"}', b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}',
+        b'{"jsonrpc":"2.0","id":{},"method":"ping"}', b'{"jsonrpc":"2.0","id":"x","method":"ping","id":2}',
+        b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+        b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"echo","arguments":'
+        + b"[" * 300 + b"]" * 300 + b"}}",
+        b'{"jsonrpc":"2.0","id":"long","method":"' + b"m" * 200_000 + b'"}',
+        b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":[[[]]]}}',
+        "{\"jsonrpc\":\"2.0\",\"id\":\"\u2028\",\"method\":\"ping\"}".encode(),
+    ]
+    for _ in range(count):
+        size = rng.randrange(1, 400)
+        raw = bytes(rng.randrange(256) for _ in range(size)).replace(b"\n", b" ")
+        lines.append(raw)
+    return lines
+
+
+async def test_garbage_lines_never_stop_a_real_daemon_from_answering(make_plugin: Callable[..., Path],
+                                                                     tmp_path: Path) -> None:
+    plugins = make_plugin("probe", probe_plugins.PROBE, limits={"timeout_s": 10})
+    async with open_toolcell(plugins, stderr_path=tmp_path / "daemon.log") as peer:
+        for line in garbage_lines():
+            await peer.send_raw(line + b"\n")
+        await peer.initialize("2025-06-18")
+        response = await peer.call("echo", {"text": "after the storm"})
+        assert text_of(response) == "after the storm"
+        assert await peer.close() == 0
+    # Everything the daemon wrote was a JSON-RPC message (the peer parsed every line).
+    assert all(isinstance(m, (dict, list)) and (m if isinstance(m, dict) else m[0]).get("jsonrpc") == "2.0"
+               for m in peer.messages)
+    assert "Traceback" not in peer.stderr()
