@@ -1,0 +1,239 @@
+"""``toolcell list``, ``toolcell call`` and ``toolcell check``, run as real commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONFORMANCE = REPO / "plugins" / "conformance"
+
+GOOD = '''
+from sandbox import tool
+
+
+@tool
+def greet(name: str) -> str:
+    """Say hello.
+
+    Args:
+        name: Who to greet.
+    """
+    return f"hello {name}"
+
+
+@tool
+def double(n: int) -> int:
+    """Twice ``n``."""
+    return 2 * n
+'''
+
+BROKEN_TOOLS = '''
+from sandbox import tool
+
+
+@tool(name="bad name!")
+def bad_name() -> str:
+    """A name with a space and a bang."""
+    return "x"
+
+
+@tool(input_schema={"type": "object", "properties": {"x": {"$ref": "https://example.com/schema.json"}}})
+def remote_ref(x: str) -> str:
+    """Its schema points at the network."""
+    return x
+
+
+@tool(input_schema={"type": "array"})
+def not_an_object() -> str:
+    """Its inputSchema root is not an object."""
+    return "x"
+
+
+@tool
+def fine() -> str:
+    """This one is fine."""
+    return "fine"
+'''
+
+
+def toolcell(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], cwd=str(REPO), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# -- toolcell list --------------------------------------------------------------------------------------
+
+
+def test_list_prints_a_table_of_tools_with_their_plugin_and_description(make_plugin: Callable[..., Path]) -> None:
+    plugins = make_plugin("greeter", GOOD, prefix="g_")
+    out = toolcell("list", "--plugins", str(plugins), "--policy", "none")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["TOOL", "PLUGIN", "DESCRIPTION"]
+    assert set(lines[1]) <= {"-", " "}
+    rows = {line.split()[0]: line.split() for line in lines[2:] if line.strip() and line.startswith("g_")}
+    assert set(rows) == {"g_double", "g_greet"}
+    assert rows["g_greet"][1] == "greeter"
+    assert "Say hello." in " ".join(rows["g_greet"][2:])
+    assert [line.split()[0] for line in lines[2:4]] == ["g_double", "g_greet"]  # sorted by name
+
+
+def test_list_shows_the_bundled_conformance_tools_under_the_default_policy() -> None:
+    out = toolcell("list", "--plugins", str(CONFORMANCE))
+    assert out.returncode == 0, out.stderr
+    names = {line.split()[0] for line in out.stdout.splitlines()[2:] if line.strip()}
+    assert {"test_simple_text", "test_tool_with_progress", "json_schema_2020_12_tool"} <= names
+
+
+def test_list_json_gives_machine_readable_output(make_plugin: Callable[..., Path]) -> None:
+    plugins = make_plugin("greeter", GOOD)
+    out = toolcell("list", "--json", "--plugins", str(plugins), "--policy", "none")
+    assert out.returncode == 0, out.stderr
+    tools = json.loads(out.stdout)
+    assert [t["name"] for t in tools] == ["double", "greet"]
+    assert all(t["plugin"] == "greeter" for t in tools)
+
+
+# -- toolcell call ----------------------------------------------------------------------------------------
+
+
+def test_call_runs_one_tool_in_a_worker_and_prints_the_result(make_plugin: Callable[..., Path]) -> None:
+    plugins = make_plugin("greeter", GOOD)
+    out = toolcell("call", "greet", '{"name": "world"}', "--plugins", str(plugins), "--policy", "none")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["content"] == [{"type": "text", "text": "hello world"}]
+    assert "isError" not in result
+
+
+def test_call_prints_structured_content_for_structured_tools(make_plugin: Callable[..., Path]) -> None:
+    plugins = make_plugin("greeter", GOOD)
+    out = toolcell("call", "double", '{"n": 21}', "--plugins", str(plugins), "--policy", "none")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["structuredContent"] == {"result": 42}
+
+
+def test_call_exits_1_for_an_error_result_and_2_for_an_unknown_tool() -> None:
+    failing = toolcell("call", "test_error_handling", "{}", "--plugins", str(CONFORMANCE), "--policy", "none")
+    assert failing.returncode == 1
+    assert json.loads(failing.stdout)["isError"] is True
+    unknown = toolcell("call", "no_such_tool", "{}", "--plugins", str(CONFORMANCE), "--policy", "none")
+    assert unknown.returncode == 2
+    assert json.loads(unknown.stdout)["code"] == -32602
+
+
+def test_call_reports_invalid_arguments_naming_the_field(make_plugin: Callable[..., Path]) -> None:
+    plugins = make_plugin("greeter", GOOD)
+    out = toolcell("call", "greet", '{"name": 7}', "--plugins", str(plugins), "--policy", "none")
+    assert out.returncode == 1
+    result = json.loads(out.stdout)
+    assert result["isError"] is True and "name" in result["content"][0]["text"]
+
+
+def test_call_refuses_arguments_that_are_not_json() -> None:
+    out = toolcell("call", "test_simple_text", "{nope", "--plugins", str(CONFORMANCE), "--policy", "none")
+    assert out.returncode == 2
+    assert "not valid JSON" in out.stderr
+
+
+# -- toolcell check ---------------------------------------------------------------------------------------
+
+
+def test_check_accepts_a_good_plugin(make_plugin: Callable[..., Path]) -> None:
+    plugins = make_plugin("greeter", GOOD)
+    out = toolcell("check", str(plugins / "greeter"), "--policy", "none")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "greeter" in out.stdout and "ok" in out.stdout
+    assert "greet" in out.stdout and "double" in out.stdout
+
+
+def test_check_reports_every_manifest_problem_at_once(make_plugin: Callable[..., Path]) -> None:
+    plugins = make_plugin("broken", GOOD, manifest={"name": "Broken Name!", "prefix": "has space "},
+                          limits={"timeout_s": 0, "max_concurrency": 0}, folder="broken")
+    out = toolcell("check", str(plugins / "broken"), "--policy", "none")
+    assert out.returncode == 1
+    report = out.stdout
+    for fragment in ("name", "prefix", "timeout_s", "max_concurrency"):
+        assert fragment in report, report
+    assert "4 problem(s)" in report
+
+
+def test_check_reports_an_unknown_manifest_field(make_plugin: Callable[..., Path]) -> None:
+    plugins = make_plugin("typo", GOOD, manifest={"entyr": "typo"})
+    out = toolcell("check", str(plugins / "typo"), "--policy", "none")
+    assert out.returncode == 1
+    assert "entyr" in out.stdout
+
+
+def test_check_reports_every_broken_tool_definition_at_once(make_plugin: Callable[..., Path]) -> None:
+    plugins = make_plugin("badtools", BROKEN_TOOLS)
+    out = toolcell("check", str(plugins / "badtools"), "--policy", "none")
+    assert out.returncode == 1
+    report = out.stdout
+    assert "3 problem(s)" in report, report
+    assert "bad name!" in report and "1-64 characters" in report
+    assert "remote $ref" in report and "https://example.com/schema.json" in report
+    assert "not_an_object" in report and "object" in report
+
+
+def test_check_of_a_folder_reports_every_plugin(make_plugin: Callable[..., Path]) -> None:
+    make_plugin("greeter", GOOD)
+    make_plugin("badtools", BROKEN_TOOLS)
+    plugins = make_plugin("broken", GOOD, limits={"timeout_s": -1})
+    out = toolcell("check", str(plugins), "--policy", "none")
+    assert out.returncode == 1
+    assert "greeter" in out.stdout and "ok" in out.stdout
+    assert "badtools: 3 problem(s)" in out.stdout
+    assert "timeout_s" in out.stdout
+
+
+def test_check_of_a_folder_without_plugins_says_so(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    out = toolcell("check", str(tmp_path / "empty"), "--policy", "none")
+    assert out.returncode == 1
+    assert "no plugin found" in out.stdout
+
+
+# -- name conflicts ---------------------------------------------------------------------------------------
+
+ALPHA = '''
+from sandbox import tool
+
+
+@tool
+def shared() -> str:
+    """Provided by two plugins."""
+    return "from alpha"
+'''
+
+ZETA = ALPHA.replace("from alpha", "from zeta")
+
+
+@pytest.fixture
+def conflicting(make_plugin: Callable[..., Path]) -> Path:
+    # Folder names sort the other way round from plugin names: the plugin name decides.
+    make_plugin("zeta", ZETA, folder="1-zeta")
+    return make_plugin("alpha", ALPHA, folder="2-alpha")
+
+
+def test_a_tool_name_claimed_by_two_plugins_goes_to_the_one_that_sorts_first(conflicting: Path) -> None:
+    outputs = [toolcell("list", "--plugins", str(conflicting), "--policy", "none") for _ in range(2)]
+    for out in outputs:
+        assert out.returncode == 0, out.stderr
+        rows = [line.split() for line in out.stdout.splitlines()[2:] if line.startswith("shared")]
+        assert rows == [["shared", "alpha", "Provided", "by", "two", "plugins."]]
+        assert "conflict" in out.stdout  # the loser's status line
+        assert "shared" in out.stderr and "alpha" in out.stderr and "zeta" in out.stderr
+    assert outputs[0].stdout == outputs[1].stdout  # deterministic
+
+
+def test_the_conflict_winner_is_the_one_that_answers_calls(conflicting: Path) -> None:
+    out = toolcell("call", "shared", "{}", "--plugins", str(conflicting), "--policy", "none")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["content"][0]["text"] == "from alpha"

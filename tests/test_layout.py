@@ -1,0 +1,79 @@
+"""The line between the two sides of the house: what may import what."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def top_level(modules: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
+
+
+def sources(*parts: str) -> list[Path]:
+    return sorted((REPO.joinpath(*parts)).rglob("*.py"))
+
+
+def modules_after_import(*modules: str) -> set[str]:
+    """``sys.modules`` of a fresh interpreter after importing ``modules`` (nothing else loaded)."""
+    code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + "print('\\n'.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def test_the_protocol_package_never_imports_trio_in_its_source() -> None:
+    files = sources("runtime", "protocol")
+    assert files
+    for path in files:
+        assert "trio" not in top_level(imported_modules(path)), path
+
+
+def test_importing_the_protocol_core_loads_no_trio() -> None:
+    loaded = modules_after_import("runtime.protocol.core", "runtime.protocol.eras", "runtime.protocol.jsonrpc")
+    assert "runtime.protocol.core" in loaded
+    assert not any(m == "trio" or m.startswith("trio.") for m in loaded)
+
+
+def test_the_sandbox_never_imports_trio_in_its_source() -> None:
+    files = sources("sandbox")
+    assert files
+    for path in files:
+        assert "trio" not in top_level(imported_modules(path)), path
+
+
+def test_the_sandbox_never_imports_the_daemon_side() -> None:
+    for path in sources("sandbox"):
+        assert "runtime" not in top_level(imported_modules(path)), path
+
+
+def test_importing_the_worker_side_loads_no_trio() -> None:
+    loaded = modules_after_import("sandbox", "sandbox.api", "sandbox.wire", "sandbox.worker")
+    assert "sandbox.worker" in loaded
+    assert not any(m == "trio" or m.startswith("trio.") for m in loaded)
+    assert not any(m == "runtime" or m.startswith("runtime.") for m in loaded)
+
+
+@pytest.mark.parametrize("plugin", sorted(p.name for p in (REPO / "plugins").iterdir()
+                                          if (p / "plugin.toml").is_file()))
+def test_bundled_plugins_import_only_the_authoring_api_never_trio_or_the_daemon(plugin: str) -> None:
+    for path in sources("plugins", plugin):
+        imported = top_level(imported_modules(path))
+        assert not imported & {"trio", "runtime", "anyio"}, (path, imported)
