@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
+import psutil
 import pytest
 import trio
 import trio.testing
@@ -40,11 +41,39 @@ def _not_a_subreaper_afterwards() -> Any:
 
 @pytest.fixture
 async def daemon(make_plugin: Callable[..., Path], tmp_path: Path) -> AsyncIterator[Daemon]:
-    plugins = make_plugin("probe", probe_plugins.PROBE, limits={"timeout_s": 10, "max_concurrency": 2})
+    # One worker per plugin, never more: no worker is ever being started when the daemon closes
+    # (see test_workers_via_daemon: closing while a worker starts hangs). Two plugins give two
+    # workers for the tests that need calls running side by side.
+    limits = {"timeout_s": 10, "max_concurrency": 1}
+    make_plugin("probe", probe_plugins.PROBE, limits=limits)
+    plugins = make_plugin("other", probe_plugins.PROBE, limits=limits, prefix="b_")
     cfg = load_config(None, {"plugins": [str(plugins)], "policy": "none", "max_message_bytes": MAX_LINE,
                              "watch": False, "state_dir": str(tmp_path / "state"), "log_level": "error"})
+    stuck = trio.Event()
+
+    async def guard() -> None:
+        # A safety net, so that a daemon that cannot close fails this test instead of hanging the suite.
+        await trio.sleep(10)
+        stuck.set()
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if "from sandbox.worker import main" in " ".join(child.cmdline()):
+                    child.kill()
+            except psutil.Error:
+                pass
+
+    guard_scope = trio.CancelScope()
     async with open_daemon(cfg) as d:
         yield d
+        trio.lowlevel.spawn_system_task(_run_in, guard_scope, guard)
+    guard_scope.cancel()
+    if stuck.is_set():
+        pytest.fail("the in-process daemon did not close within 10 s; its workers were killed")
+
+
+async def _run_in(scope: trio.CancelScope, fn: Callable[[], Any]) -> None:
+    with scope:
+        await fn()
 
 
 class Conversation:
@@ -230,7 +259,7 @@ async def test_every_request_sent_before_stdin_closes_is_answered(daemon: Daemon
 async def test_responses_go_out_as_calls_finish_not_in_request_order(daemon: Daemon) -> None:
     async def script(c: Conversation) -> None:
         await c.send(INIT + req("tools/call", {"name": "slow", "arguments": {"seconds": 1.0}}, id="slow")
-                     + req("tools/call", {"name": "echo", "arguments": {"text": "fast"}}, id="fast"))
+                     + req("tools/call", {"name": "b_echo", "arguments": {"text": "fast"}}, id="fast"))
         await c.wait_for_line_count(3)  # initialize, fast, slow
         await c.hang_up()
 
@@ -260,7 +289,7 @@ async def test_a_2025_03_26_batch_is_answered_with_one_array_once_every_member_i
         {"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "slow", "arguments": {"seconds": 0.3}}},
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": "b", "method": "ping"},
-        {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "c"}}},
+        {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "b_echo", "arguments": {"text": "c"}}},
         {"jsonrpc": "2.0", "id": "d", "method": "nope"},
     ]).encode() + b"\n"
 

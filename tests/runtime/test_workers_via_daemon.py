@@ -261,11 +261,6 @@ async def test_a_worker_killed_by_a_signal_from_outside_fails_only_its_call(peer
     await assert_still_serving(peer)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the daemon never exits if stdin closes while a replacement worker is still starting: "
-    "WorkerPool.aclose kills only `self.workers`; the starting worker's `_spawn_one` task is then "
-    "cancelled inside start_worker (Cancelled is not caught there, so the process is never killed) "
-    "and its `_watch` task waits forever in a shielded `proc.wait()`, so open_daemon's nursery never closes"))
 async def test_the_daemon_exits_when_stdin_closes_while_a_replacement_worker_is_starting(peer: StdioPeer) -> None:
     assert_is_error(await peer.call("crash"))  # its worker is gone; a replacement is being started
     assert await peer.close(timeout=4) == 0
