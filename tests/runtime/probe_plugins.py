@@ -211,3 +211,46 @@ def wait_then_answer(seconds: float) -> str:
     time.sleep(seconds)
     return "neighbour answered"
 '''
+
+#: Tools that run into the per-call resource limits (rlimits apply under every policy).
+LIMITED = r'''
+import os
+
+from sandbox import tool
+
+
+@tool
+def hog(mb: int) -> str:
+    """Allocate ``mb`` MiB."""
+    block = bytearray(mb * 1024 * 1024)
+    return f"allocated {len(block)}"
+
+
+@tool
+def spin() -> str:
+    """Burn CPU until stopped."""
+    n = 0
+    while True:
+        n += 1
+
+
+@tool
+def open_many(count: int) -> str:
+    """Open ``count`` files at once."""
+    handles = [open(os.devnull) for _ in range(count)]
+    return f"opened {len(handles)}"
+
+
+@tool
+def write_big(mb: int) -> str:
+    """Write ``mb`` MiB to a file in the scratch directory."""
+    with open("big.bin", "wb") as f:
+        f.write(b"\0" * (mb * 1024 * 1024))
+    return "written"
+
+
+@tool
+def fine() -> str:
+    """Answer."""
+    return "fine"
+'''

@@ -686,3 +686,41 @@ def test_batches_are_rejected_outside_2025_03_26(version: str | None) -> None:
 def test_an_empty_batch_is_an_invalid_request() -> None:
     core = core_for()
     assert error_of(core.receive(initialized(core, "2025-03-26"), b"[]"))["code"] == -32600
+
+
+# -- the catalog's page cache ----------------------------------------------------------------------------
+
+
+def test_a_page_is_encoded_once_per_catalog_version_and_revision() -> None:
+    cat = catalog(many(250), page_size=100)
+    first, cursor = cat.page("2025-06-18")
+    again, cursor_again = cat.page("2025-06-18")
+    assert again is first and cursor_again == cursor
+    second, _ = cat.page("2025-06-18", cursor)
+    assert cat.page("2025-06-18", cursor)[0] is second
+    assert cat.page("2024-11-05")[0] is not first  # another revision, another shape
+
+
+def test_ten_thousand_tools_list_completely_and_identically_every_time() -> None:
+    entries = many(10_000)
+    core = core_for(catalog(entries, page_size=100))
+    state = initialized(core, "2025-11-25")
+    first_walk, cursors = _walk(core, state)
+    assert first_walk == [e.name for e in entries]
+    assert len(cursors) == 99
+    pages_a = [core.receive(state, msg("tools/list", {"cursor": c})).data for c in cursors[:5]]
+    pages_b = [core.receive(state, msg("tools/list", {"cursor": c})).data for c in cursors[:5]]
+    assert pages_a == pages_b
+
+
+def test_a_cursor_past_the_end_of_a_shrunken_catalog_ends_the_listing() -> None:
+    current = {"cat": catalog(many(20), page_size=5, version=1)}
+    core = Core(lambda: current["cat"])
+    state = initialized(core, "2025-06-18")
+    cursor = None
+    for _ in range(3):
+        page = _listed(core, state, {} if cursor is None else {"cursor": cursor})
+        cursor = page["nextCursor"]
+    current["cat"] = catalog(many(10), page_size=5, version=2)
+    page = _listed(core, state, {"cursor": cursor})
+    assert page["tools"] == [] and "nextCursor" not in page

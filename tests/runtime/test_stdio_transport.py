@@ -227,6 +227,60 @@ async def test_a_long_line_arriving_in_one_chunk_is_refused_too(daemon: Daemon) 
     assert conv.responses()[key("ok")]["result"] == {}
 
 
+async def test_a_line_of_exactly_the_size_cap_is_accepted(daemon: Daemon) -> None:
+    head = b'{"jsonrpc":"2.0","id":"edge","method":"ping","params":{"pad":"'
+    tail = b'"}}'
+    line = head + b"z" * (MAX_LINE - len(head) - len(tail)) + tail
+    assert len(line) == MAX_LINE
+
+    async def script(c: Conversation) -> None:
+        await c.send(INIT + line + b"\n" + line[:-3] + b'zz"}}\n' + req("ping", id="tail"))
+        await c.wait_for_line_count(4)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    messages = conv.messages()
+    assert conv.responses()[key("edge")]["result"] == {}
+    assert [m["error"]["code"] for m in messages if "error" in m] == [-32600]  # the line one byte over
+    assert conv.responses()[key("tail")]["result"] == {}
+
+
+async def test_a_batch_of_only_notifications_gets_no_answer(daemon: Daemon) -> None:
+    init = req("initialize", {"protocolVersion": "2025-03-26", "capabilities": {}}, id=0)
+    batch = json.dumps([{"jsonrpc": "2.0", "method": "notifications/initialized"},
+                        {"jsonrpc": "2.0", "method": "notifications/whatever"}]).encode() + b"\n"
+
+    async def script(c: Conversation) -> None:
+        await c.send(init + batch + req("ping", id="after"))
+        await c.wait_for_line_count(2)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    assert [m["id"] for m in conv.messages()] == [0, "after"]
+
+
+async def test_a_subscription_is_acknowledged_first_and_ended_by_cancelling_it(daemon: Daemon) -> None:
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+
+    async def script(c: Conversation) -> None:
+        await c.send(req("subscriptions/listen", {"_meta": meta, "notifications": {"toolsListChanged": True,
+                                                                                   "promptsListChanged": True}},
+                         id="sub"))
+        await c.wait_for_line_count(1)
+        await c.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                 "params": {"requestId": "sub"}}).encode() + b"\n")
+        await c.wait_for_line_count(2)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    ack, end = conv.messages()
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    assert ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "sub"
+    assert ack["params"]["notifications"] == {"toolsListChanged": True}  # prompts are not served
+    assert end["id"] == "sub" and end["result"]["resultType"] == "complete"
+
+
 # -- end of input -----------------------------------------------------------------------------------
 
 

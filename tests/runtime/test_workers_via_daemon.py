@@ -7,6 +7,7 @@ gone, and that the next call is served. The pools are tested only through the da
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -170,6 +171,16 @@ async def test_cancelling_a_call_kills_its_worker_and_suppresses_its_result(peer
     assert peer.responses_to(slow_id) == []
 
 
+async def test_cancelling_a_queued_call_drops_it_without_touching_the_running_one(peer: StdioPeer) -> None:
+    running = await peer.start_call("hold", {"seconds": 0.8})
+    queued = await peer.start_call("hold", {"seconds": 0})
+    await trio.sleep(0.2)
+    await peer.notify("notifications/cancelled", {"requestId": queued})
+    assert text_of(await peer.response(running)) == "held"
+    assert text_of(await peer.call("hold", {"seconds": 0})) == "held"
+    assert peer.responses_to(queued) == []
+
+
 async def test_cancelling_an_unknown_or_finished_request_changes_nothing(peer: StdioPeer) -> None:
     done_id = await peer.start_call("echo", {"text": "done"})
     await peer.response(done_id)
@@ -251,6 +262,17 @@ async def test_deeply_nested_structured_output_fails_the_call_not_the_daemon(pee
     await assert_still_serving(peer)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: an integer argument outside the 64-bit range is valid JSON and passes an 'integer' schema, "
+    "but wire.encode_frame(Call) raises OverflowError (msgpack) inside WorkerPool.submit, called from "
+    "Session.dispatch -> Daemon.start; nothing catches it, so it propagates out of serve_stdio and the "
+    "whole daemon dies"))
+async def test_an_argument_the_worker_channel_cannot_carry_fails_only_its_call(peer: StdioPeer) -> None:
+    response = await peer.call("add", {"a": 2**70, "b": 1}, timeout=5)
+    assert "error" in response or response["result"].get("isError") is True
+    await assert_still_serving(peer)
+
+
 async def test_a_worker_killed_by_a_signal_from_outside_fails_only_its_call(peer: StdioPeer) -> None:
     import os
     import signal
@@ -275,3 +297,67 @@ async def test_the_daemon_exits_cleanly_when_the_client_closes_stdin(peer: Stdio
     for pid in workers:
         await wait_gone(pid, timeout=5)
     assert all(process_gone(pid) for pid in workers)
+
+
+# -- resource limits ---------------------------------------------------------------------------------
+
+LIMITS = {"timeout_s": 10, "memory_mb": 64, "cpu_s": 1, "max_open_files": 32, "max_file_size_mb": 1,
+          "max_concurrency": 1}
+
+
+@pytest.fixture
+async def limited(make_plugin: Callable[..., Path], tmp_path: Path) -> AsyncIterator[StdioPeer]:
+    plugins = make_plugin("limited", probe_plugins.LIMITED, limits=LIMITS)
+    async with open_toolcell(plugins, stderr_path=tmp_path / "daemon.log") as p:
+        await p.initialize("2025-11-25")
+        yield p
+
+
+async def test_a_tool_over_its_memory_limit_fails_only_its_call(limited: StdioPeer) -> None:
+    # RLIMIT_AS is memory_mb plus a fixed slack for the interpreter's virtual mappings.
+    assert_is_error(await limited.call("hog", {"mb": 2048}), "MemoryError")
+    assert text_of(await limited.call("hog", {"mb": 8})) == f"allocated {8 * 1024 * 1024}"
+
+
+async def test_a_tool_over_its_cpu_limit_is_stopped_and_the_next_call_works(limited: StdioPeer) -> None:
+    assert_is_error(await limited.call("spin"), "CPU")
+    assert text_of(await limited.call("fine")) == "fine"
+
+
+async def test_a_tool_over_its_open_files_limit_fails_only_its_call(limited: StdioPeer) -> None:
+    assert_is_error(await limited.call("open_many", {"count": 100}), "Too many open files")
+    assert text_of(await limited.call("open_many", {"count": 5})) == "opened 5"
+
+
+async def test_a_tool_over_its_file_size_limit_fails_only_its_call(limited: StdioPeer) -> None:
+    assert_is_error(await limited.call("write_big", {"mb": 4}), "File too large")
+    assert text_of(await limited.call("fine")) == "fine"
+
+
+# -- refused plugins ----------------------------------------------------------------------------------
+
+
+async def test_broken_plugins_are_refused_and_the_others_keep_serving(make_plugin: Callable[..., Path],
+                                                                      tmp_path: Path) -> None:
+    make_plugin("raises", "import nonexistent_module_for_tests\n")
+    make_plugin("exits", "import os\nos._exit(3)\n")
+    make_plugin("badschema", """
+from sandbox import tool
+
+
+@tool(input_schema={"type": "object", "properties": {"x": {"$ref": "http://example.com/x.json"}}})
+def remote(x: str) -> str:
+    return x
+""")
+    plugins = make_plugin("good", probe_plugins.NEIGHBOUR)
+    log = tmp_path / "daemon.log"
+    async with open_toolcell(plugins, stderr_path=log) as peer:
+        await peer.initialize()
+        listed = await peer.request("tools/list", {})
+        assert [t["name"] for t in listed["result"]["tools"]] == ["wait_then_answer"]
+        assert text_of(await peer.call("wait_then_answer", {"seconds": 0})) == "neighbour answered"
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    refused = {r["plugin"]: " ".join(r["problems"]) for r in records if r.get("event") == "plugin_refused"}
+    assert set(refused) == {"raises", "exits", "badschema"}
+    assert "nonexistent_module_for_tests" in refused["raises"]
+    assert "remote $ref" in refused["badschema"]
