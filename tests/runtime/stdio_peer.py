@@ -10,9 +10,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import IO, Any
 
 import psutil
 import trio
@@ -161,14 +162,15 @@ def _is_response_to(message: Any, request_id: Any) -> bool:
 
 @asynccontextmanager
 async def open_toolcell(*plugins: Path | str, policy: str | None = "none", extra: tuple[str, ...] = (),
-                        stderr_path: Path | None = None, env: dict[str, str] | None = None, watch: bool = False
+                        stderr_path: Path, env: dict[str, str] | None = None, watch: bool = False
                         ) -> AsyncIterator[StdioPeer]:
-    """Start ``toolcell serve --stdio`` (real subprocess); kill it if the test leaves it running."""
-    if stderr_path is None:
-        stderr_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"toolcell-test-{os.getpid()}-{id(plugins)}.log"
-    with open(stderr_path, "wb") as errfile:
+    """Start ``toolcell serve --stdio`` (real subprocess); kill it if the test leaves it running.
+
+    The daemon's stderr (its structured log) goes to ``stderr_path``."""
+    with open_log(stderr_path, "wb") as errfile:
         proc = await trio.lowlevel.open_process(
-            toolcell_command(*plugins, policy=policy, extra=extra, watch=watch), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            toolcell_command(*plugins, policy=policy, extra=extra, watch=watch),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=errfile, cwd=str(REPO), env={**os.environ, **(env or {})})
     peer = StdioPeer(proc, stderr_path)
     try:
@@ -185,6 +187,11 @@ async def open_toolcell(*plugins: Path | str, policy: str | None = "none", extra
     finally:
         if proc.returncode is None:
             kill_process_tree(proc.pid)
+
+
+def open_log(path: Path, mode: str) -> IO[Any]:
+    """A log file for a child's stderr (a plain sync open, kept out of async functions)."""
+    return open(path, mode)
 
 
 def kill_process_tree(pid: int) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from protocol_fakes import (
     ALL,
     LEGACY,
@@ -34,6 +33,7 @@ from protocol_fakes import (
     note,
     result_of,
 )
+
 from runtime.protocol.core import Core
 
 SUPPORTED = {"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"}

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from protocol_fakes import (
     ACTION_TYPES,
     Batch,
@@ -40,10 +39,11 @@ FUZZ_MESSAGES = settings(FUZZ, max_examples=100)
 METHODS = ["initialize", "ping", "tools/list", "tools/call", "logging/setLevel", "server/discover",
            "subscriptions/listen", "notifications/initialized", "notifications/cancelled", "resources/list", "x"]
 
-json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**64) | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+finite = st.floats(allow_nan=False, allow_infinity=False)  # NaN/Infinity would not be JSON at all
+json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**64) | finite | st.text()
 json_values = st.recursive(json_scalars, lambda kids: st.lists(kids, max_size=4)
                            | st.dictionaries(st.text(max_size=8), kids, max_size=4), max_leaves=12)
-ids = st.integers(-(2**53), 2**53) | st.text(max_size=10) | st.none() | st.booleans() | st.floats(allow_nan=False, allow_infinity=False)
+ids = st.integers(-(2**53), 2**53) | st.text(max_size=10) | st.none() | st.booleans() | finite
 metas = st.none() | json_values | st.fixed_dictionaries(
     {"io.modelcontextprotocol/protocolVersion": st.sampled_from(["2026-07-28", "2025-06-18", "bogus"]) | json_values},
     optional={"io.modelcontextprotocol/clientCapabilities": st.just({}) | json_values,
@@ -170,7 +170,8 @@ def test_deep_nesting_inside_a_request_is_answered_not_raised(where: str) -> Non
 def test_nested_tool_arguments_below_the_validator_limit_are_validated(depth: int) -> None:
     state = initialized(CORE, "2025-06-18")
     args = '{"count":' + "[" * depth + "]" * depth + "}"
-    data = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"typed","arguments":' + args.encode() + b"}}"
+    data = (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"typed","arguments":'
+            + args.encode() + b"}}")
     action = CORE.receive(state, data)
     check(action)
     assert decode(action)["error"]["code"] == -32602

@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 import pytest
-
 from protocol_fakes import ALL, MODERN, ConnState, ToolCall, catalog, core_for, entry, initialized, modern_meta, msg
+
 from runtime.protocol.core import Core
 from sandbox import wire
 

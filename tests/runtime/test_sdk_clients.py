@@ -12,18 +12,19 @@ import json
 import math
 import re
 import sys
+import tomllib
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
+import probe_plugins
 import pytest
 import trio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
-
-import probe_plugins
-from stdio_peer import BUNDLED, CONFORMANCE, REPO, wait_gone
+from stdio_peer import BUNDLED, CONFORMANCE, REPO, open_log, wait_gone
 
 MODES = ["legacy", "2026-07-28"]
 WAIT_S = 20.0
@@ -49,7 +50,7 @@ def server(*plugin_dirs: Path, policy: str | None = "none", extra: tuple[str, ..
 
 @asynccontextmanager
 async def connect(params: StdioServerParameters, mode: str, errlog: Path, **kwargs: Any) -> AsyncIterator[Client]:
-    with open(errlog, "w") as err, trio.fail_after(WAIT_S):
+    with open_log(errlog, "w") as err, trio.fail_after(WAIT_S):
         async with Client(stdio_client(params, errlog=err), mode=mode, **kwargs) as client:
             yield client
 
@@ -270,6 +271,4 @@ async def test_every_bundled_plugin_is_loaded_by_the_time_the_first_answer_arriv
 
 
 def _manifest_prefix(folder: Path) -> str:
-    import tomllib
-
     return str(tomllib.loads((folder / "plugin.toml").read_text()).get("prefix", ""))

@@ -11,19 +11,21 @@ from __future__ import annotations
 import ctypes
 import json
 import random
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
+import probe_plugins
 import psutil
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
+from stdio_peer import open_toolcell, text_of
 
-import probe_plugins
 from runtime.config import load_config
 from runtime.daemon import Daemon, open_daemon
 from runtime.transports.stdio import serve_stdio
-from stdio_peer import open_toolcell, text_of
 
 MAX_LINE = 4096
 WAIT_S = 15.0
@@ -174,7 +176,7 @@ async def test_a_message_split_across_many_writes_is_reassembled(daemon: Daemon)
         data = INIT + req("tools/call", {"name": "echo", "arguments": {"text": "pieces"}}, id="p")
         for i in range(0, len(data), 7):
             await c.send(data[i:i + 7])
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
         await c.wait_for_line_count(2)
         await c.hang_up()
 
@@ -201,7 +203,7 @@ async def test_a_line_over_the_size_cap_gets_a_clear_error_and_the_next_line_is_
         # Sent in pieces so that the cap is hit before the newline arrives.
         for i in range(0, len(huge), 1000):
             await c.send(huge[i:i + 1000])
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
         await c.send(req("ping", id="after"))
         await c.wait_for_line_count(3)
         await c.hang_up()
@@ -294,7 +296,7 @@ async def test_every_request_sent_before_stdin_closes_is_answered(daemon: Daemon
     for round_ in range(3):
         ids = [f"r{round_}-{i}" for i in range(4)]
 
-        async def script(c: Conversation) -> None:
+        async def script(c: Conversation, ids: list[str] = ids) -> None:
             data = INIT + req("ping", id=ids[0]) + req("tools/list", {}, id=ids[1])
             data += req("tools/call", {"name": "echo", "arguments": {"text": "last"}}, id=ids[2])
             data += req("tools/call", {"name": "slow", "arguments": {"seconds": 0.05}}, id=ids[3])
@@ -340,7 +342,8 @@ async def test_a_second_request_with_an_in_flight_id_is_refused_without_disturbi
 async def test_a_2025_03_26_batch_is_answered_with_one_array_once_every_member_is_done(daemon: Daemon) -> None:
     init = req("initialize", {"protocolVersion": "2025-03-26", "capabilities": {}}, id=0)
     batch = json.dumps([
-        {"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "slow", "arguments": {"seconds": 0.3}}},
+        {"jsonrpc": "2.0", "id": "a", "method": "tools/call",
+         "params": {"name": "slow", "arguments": {"seconds": 0.3}}},
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": "b", "method": "ping"},
         {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "b_echo", "arguments": {"text": "c"}}},

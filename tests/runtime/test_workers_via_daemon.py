@@ -8,14 +8,17 @@ gone, and that the next call is served. The pools are tested only through the da
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
-
-import pytest
-import trio
+from typing import Any
 
 import probe_plugins
+import psutil
+import pytest
+import trio
 from stdio_peer import StdioPeer, open_toolcell, process_gone, text_of, wait_gone
 
 PROBE_LIMITS = {"timeout_s": 10, "max_concurrency": 4, "max_output_bytes": 4096}
@@ -54,9 +57,6 @@ async def reported_pid(peer: StdioPeer, token: Any) -> int:
 
 def kill_if_alive(pid: int) -> None:
     """Clean up a grandchild this test made a worker fork (only if the daemon failed to)."""
-    import os
-    import signal
-
     if not process_gone(pid):
         os.kill(pid, signal.SIGKILL)
 
@@ -80,8 +80,6 @@ async def test_a_tool_call_runs_in_a_worker_process_not_in_the_daemon(peer: Stdi
     response = await peer.call("pid")
     worker_pid = int(text_of(response))
     assert worker_pid != peer.proc.pid
-    import psutil
-
     assert worker_pid in [c.pid for c in psutil.Process(peer.proc.pid).children(recursive=True)]
 
 
@@ -274,9 +272,6 @@ async def test_an_argument_the_worker_channel_cannot_carry_fails_only_its_call(p
 
 
 async def test_a_worker_killed_by_a_signal_from_outside_fails_only_its_call(peer: StdioPeer) -> None:
-    import os
-    import signal
-
     slow_id = await peer.start_call("slow", {"seconds": 30}, token="k")
     os.kill(await reported_pid(peer, "k"), signal.SIGKILL)
     assert_is_error(await peer.response(slow_id))
@@ -289,8 +284,6 @@ async def test_the_daemon_exits_when_stdin_closes_while_a_replacement_worker_is_
 
 
 async def test_the_daemon_exits_cleanly_when_the_client_closes_stdin(peer: StdioPeer) -> None:
-    import psutil
-
     workers = [c.pid for c in psutil.Process(peer.proc.pid).children(recursive=True)]
     assert workers
     assert await peer.close() == 0
