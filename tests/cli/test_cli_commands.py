@@ -100,6 +100,17 @@ def test_list_json_gives_machine_readable_output(make_plugin: Callable[..., Path
     assert all(t["plugin"] == "greeter" for t in tools)
 
 
+def test_list_exits_1_and_explains_when_a_plugin_is_refused(make_plugin: Callable[..., Path]) -> None:
+    make_plugin("greeter", GOOD)
+    plugins = make_plugin("badtools", BROKEN_TOOLS)
+    out = toolcell("list", "--plugins", str(plugins), "--policy", "none")
+    assert out.returncode == 1
+    names = {line.split()[0] for line in out.stdout.splitlines()[2:] if line.strip()}
+    assert {"greet", "double"} <= names and "fine" not in names  # a refused plugin serves nothing
+    assert "refused" in out.stdout
+    assert "badtools" in out.stderr and "remote $ref" in out.stderr
+
+
 # -- toolcell call ----------------------------------------------------------------------------------------
 
 

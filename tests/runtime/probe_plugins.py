@@ -254,3 +254,25 @@ def fine() -> str:
     """Answer."""
     return "fine"
 '''
+
+#: Looks at its own process: environment, pid, state kept between calls.
+INTROSPECT = r'''
+import os
+
+from sandbox import tool
+
+CALLS = []
+
+
+@tool
+def environment() -> dict[str, str]:
+    """The worker's environment."""
+    return dict(os.environ)
+
+
+@tool
+def remember() -> str:
+    """Count the calls this process has served, and say which process it is."""
+    CALLS.append(1)
+    return f"{os.getpid()}:{len(CALLS)}"
+'''

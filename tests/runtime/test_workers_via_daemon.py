@@ -354,3 +354,34 @@ def remote(x: str) -> str:
     assert set(refused) == {"raises", "exits", "badschema"}
     assert "nonexistent_module_for_tests" in refused["raises"]
     assert "remote $ref" in refused["badschema"]
+
+
+# -- what a worker process sees ------------------------------------------------------------------------
+
+
+async def test_a_worker_sees_only_the_allowlisted_and_fixed_environment(make_plugin: Callable[..., Path],
+                                                                        tmp_path: Path) -> None:
+    plugins = make_plugin("introspect", probe_plugins.INTROSPECT,
+                          manifest={"env": {"allow": ["TOOLCELL_TEST_ALLOWED"], "set": {"FIXED_VAR": "fixed"}}})
+    env = {"TOOLCELL_TEST_ALLOWED": "yes", "TOOLCELL_TEST_SECRET": "hunter2"}
+    async with open_toolcell(plugins, stderr_path=tmp_path / "daemon.log", env=env) as peer:
+        await peer.initialize()
+        seen = (await peer.call("environment"))["result"]["structuredContent"]
+    assert seen["TOOLCELL_TEST_ALLOWED"] == "yes"
+    assert seen["FIXED_VAR"] == "fixed"
+    assert "TOOLCELL_TEST_SECRET" not in seen
+    assert "hunter2" not in json.dumps(seen)
+
+
+async def test_a_pooled_worker_serves_many_calls_and_a_per_call_plugin_gets_a_fresh_process_each_time(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    make_plugin("pooled", probe_plugins.INTROSPECT, prefix="pooled_", limits={"max_concurrency": 1})
+    plugins = make_plugin("fresh", probe_plugins.INTROSPECT, prefix="fresh_", manifest={"isolation": "per_call"})
+    async with open_toolcell(plugins, stderr_path=tmp_path / "daemon.log") as peer:
+        await peer.initialize()
+        pooled = [text_of(await peer.call("pooled_remember")) for _ in range(3)]
+        fresh = [text_of(await peer.call("fresh_remember")) for _ in range(3)]
+    assert [p.split(":")[1] for p in pooled] == ["1", "2", "3"]
+    assert len({p.split(":")[0] for p in pooled}) == 1
+    assert [f.split(":")[1] for f in fresh] == ["1", "1", "1"]  # no state survives a call
+    assert len({f.split(":")[0] for f in fresh}) == 3
