@@ -23,7 +23,9 @@ _LIMITS = {"timeout": "timeout_s", "output_cap": "max_output_bytes", "busy": "ma
 class AuditLog:
     def __init__(self, target: str) -> None:
         self._own = target != "-"
-        self._stream: TextIO = open(target, "a", encoding="utf-8", buffering=1) if self._own else sys.stderr
+        # Open for the daemon's lifetime; close() ends it.
+        self._stream: TextIO = (open(target, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+                                if self._own else sys.stderr)
 
     def hook(self, event: dict[str, Any]) -> None:
         """A ``Daemon.call_hooks`` entry."""

@@ -123,12 +123,12 @@ def check_http_config(cfg: HttpConfig) -> list[str]:
         problems.append("http.max_header_bytes must be at least 1024")
     if cfg.shutdown_grace_s < 0:
         problems.append("http.shutdown_grace_s must be >= 0")
-    for name, value in (("listen", cfg.listen), ("metrics_listen", cfg.metrics_listen)):
-        if value is not None:
+    for field_name, address in (("listen", cfg.listen), ("metrics_listen", cfg.metrics_listen)):
+        if address is not None:
             try:
-                parse_listen(value)
+                parse_listen(address)
             except ValueError as exc:
-                problems.append(f"http.{name}: {exc}")
+                problems.append(f"http.{field_name}: {exc}")
     return problems
 
 

@@ -9,7 +9,8 @@ is set; ``prometheus_client`` is imported only then.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any, cast
 
 import trio
 
@@ -155,5 +156,5 @@ async def serve_metrics(metrics: Metrics, listen: tuple[str, int], shutdown: tri
     cfg = HttpConfig(shutdown_grace_s=1.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(lambda task_status: hypercorn.trio.serve(
-            metrics, hypercorn_config(cfg, [sock]), shutdown_trigger=shutdown.wait, task_status=task_status))
+            cast(Any, metrics), hypercorn_config(cfg, [sock]), shutdown_trigger=shutdown.wait, task_status=task_status))
         task_status.started(url)

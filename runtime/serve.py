@@ -77,7 +77,7 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
                     if metrics is not None:
                         from runtime.metrics import serve_metrics
 
-                        murl = await servers.start(serve_metrics, metrics, parse_listen(hcfg.metrics_listen, default_port=9464),
+                        murl = await servers.start(serve_metrics, metrics, parse_listen(hcfg.metrics_listen or "", default_port=9464),
                                                    shutdown)
                         urls.append(murl)
                         print(f"toolcell: metrics {murl}", file=sys.stderr, flush=True)

@@ -6,7 +6,8 @@ Everything here talks raw ASGI (``scope``/``receive``/``send``); hypercorn does 
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -69,7 +70,7 @@ def error_body(id_bytes: bytes | None, code: int, message: str, data: Any = rpc.
 class Responder:
     """Sends one HTTP response: a plain body, or an SSE stream of events."""
 
-    __slots__ = ("send", "extra", "started", "gone", "sse", "status")
+    __slots__ = ("extra", "gone", "send", "sse", "started", "status")
 
     def __init__(self, send: Send, extra: Headers) -> None:
         self.send = send
@@ -86,7 +87,7 @@ class Responder:
             await self.send(message)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, RuntimeError):
             self.gone = True
-        except Exception:  # hypercorn raises its own errors for a closed stream
+        except Exception:  # noqa: BLE001 - hypercorn raises its own errors for a closed stream
             self.gone = True
 
     async def body(self, status: int, body: bytes = b"", content_type: bytes | None = JSON,
@@ -137,7 +138,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
     first = await receive()
     if first["type"] != "http.request":
         raise ClientGone
-    body = first.get("body", b"")
+    body: bytes = first.get("body", b"")
     if not first.get("more_body", False):
         if len(body) > limit:
             raise BodyTooLarge

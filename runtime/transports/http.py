@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 import socket
 import time
-from functools import partial
-from typing import Any, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import msgspec
 import trio
@@ -40,7 +40,15 @@ from runtime.protocol.core import Cancel, ConnState, Listen, Reply, ToolCall
 from runtime.ratelimit import RateLimited, RateLimiter
 from runtime.transports import mcp_headers
 from runtime.transports.asgi import (
-    BodyTooLarge, ClientGone, Headers, Receive, RequestHeaders, Responder, Send, accepts, read_body,
+    BodyTooLarge,
+    ClientGone,
+    Headers,
+    Receive,
+    RequestHeaders,
+    Responder,
+    Send,
+    accepts,
+    read_body,
 )
 from runtime.transports.http_sessions import CallBox, LegacySession, PushStream, SessionTable
 
@@ -104,7 +112,7 @@ class HttpApp:
             r = Responder(send, [])
             try:
                 await self._http(scope, receive, r)
-            except Exception as exc:  # our bug: answer 500 if we still can, never kill the server
+            except Exception as exc:  # noqa: BLE001 - our bug: answer 500 if we still can, never kill the server
                 log("http_internal_error", level="error", error=f"{type(exc).__name__}: {exc}")
                 if not r.started:
                     await r.body(500, rpc.error_response(None, rpc.INTERNAL_ERROR, "Internal error"))
@@ -412,16 +420,17 @@ class HttpApp:
                 call, rpc.INVALID_REQUEST, "Invalid Request: a request with this id is already in progress"))
         box = CallBox(stream=can_sse)
         daemon = self.daemon
-        on_done = box.done
+        on_done: Callable[[ToolCall, bytes], None] = box.done
         if session is not None:
             inflight = session.inflight
 
-            def on_done(c: ToolCall, data: bytes) -> None:
+            def done_in_session(c: ToolCall, data: bytes) -> None:
                 entry = inflight.get(request_id)
                 if entry is not None and entry[2] is box:
                     del inflight[request_id]
                 box.done(c, data)
 
+            on_done = done_in_session
         handle = daemon.start(call, box.emit, principal.name, on_done)
         if session is not None and box.final is None:
             session.inflight[request_id] = (call, handle, box)
@@ -645,7 +654,7 @@ def hypercorn_config(cfg: HttpConfig, sockets: list[socket.socket]) -> Any:
     from hypercorn.config import Config as HyperConfig
     from hypercorn.config import Sockets
 
-    class _Config(HyperConfig):  # type: ignore[misc]
+    class _Config(HyperConfig):
         def create_sockets(self) -> Sockets:
             return Sockets([], sockets, [])
 
@@ -711,7 +720,7 @@ async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int]
             nursery.start_soon(app.housekeeping)
 
             async def run(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-                await hypercorn.trio.serve(app, hypercorn_config(cfg, sockets), shutdown_trigger=trigger,
+                await hypercorn.trio.serve(cast(Any, app), hypercorn_config(cfg, sockets), shutdown_trigger=trigger,
                                            task_status=task_status)
                 nursery.cancel_scope.cancel()
 

@@ -36,13 +36,13 @@ def _ensure_suite() -> None:
     if npm is None:
         pytest.skip("npm is not installed: the official conformance suite (package.json) cannot be installed; "
                     "install Node/npm and run `npm ci` at the repo root")
-    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=REPO, check=False, capture_output=True, text=True, timeout=600)
     if r.returncode != 0 or not (BIN / "conformance").exists():
         pytest.fail(f"`npm ci` failed to install the conformance suite:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
 
 
 def _node_major() -> int:
-    out = subprocess.run([str(BIN / "node"), "--version"], capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run([str(BIN / "node"), "--version"], check=False, capture_output=True, text=True, timeout=60).stdout
     m = re.match(r"v(\d+)", out.strip())
     return int(m.group(1)) if m else 0
 
@@ -53,7 +53,7 @@ def test_the_official_conformance_suite_passes_except_the_expected_failures(tmp_
     stderr_path = tmp_path / "toolcell.stderr"
     server = subprocess.Popen(
         [sys.executable, "-m", "runtime.cli", "serve", "--http", "127.0.0.1:0", "--log-level", "warning"],
-        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"),
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"),  # noqa: SIM115
         env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
         port = None
@@ -72,7 +72,7 @@ def test_the_official_conformance_suite_passes_except_the_expected_failures(tmp_
         run = subprocess.run(
             [str(BIN / "conformance"), "server", "--url", url, "--expected-failures", str(EXPECTED),
              "-o", str(tmp_path / "results")],
-            cwd=REPO, env=_node_env(), capture_output=True, text=True, timeout=900)
+            cwd=REPO, env=_node_env(), check=False, capture_output=True, text=True, timeout=900)
         output = run.stdout + run.stderr
         summary = output[output.find("=== SUMMARY ==="):] if "=== SUMMARY ===" in output else output[-6000:]
         assert run.returncode == 0, f"conformance suite failed (exit {run.returncode}):\n{summary}"

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
-
 from http_harness import LOCKED_CONFIG, ServerProcess, start_server, stop_server
 
 

@@ -15,13 +15,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
-import pytest
 import trio
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,7 +180,8 @@ def start_server(tmp: Path, config_text: str, *extra: str) -> ServerProcess:
     proc = subprocess.Popen(
         [sys.executable, "-m", "runtime.cli", "serve", "--config", str(config), "--plugins", str(plugins),
          "--http", "127.0.0.1:0", *extra],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), text=True, env=env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"),  # noqa: SIM115
+        text=True, env=env,
         cwd=str(REPO))
     deadline = time.monotonic() + 60
     url = metrics = ""
@@ -221,6 +222,15 @@ class InProcess:
     app: Any = None
 
 
+async def drop_plugin(daemon: Any, name: str) -> None:
+    """Unload plugin ``name`` the way a reload does: publish the smaller catalog, then retire its pool."""
+    key = next(k for k, p in daemon.plugins.items() if p.name == name)
+    plugin = daemon.plugins.pop(key)
+    assert daemon.publish()
+    if plugin.pool is not None:
+        await plugin.pool.aclose()
+
+
 @asynccontextmanager
 async def open_http(plugins: Path, state_dir: Path, **http: Any) -> AsyncIterator[InProcess]:
     """A daemon with an HTTP listener on 127.0.0.1 (ephemeral port), in this trio run."""
@@ -231,13 +241,12 @@ async def open_http(plugins: Path, state_dir: Path, **http: Any) -> AsyncIterato
 
     hcfg = HttpConfig(**http)
     cfg = Config(plugins=[str(plugins)], policy="none", min_workers=1, state_dir=str(state_dir), http=hcfg)
-    async with open_daemon(cfg) as daemon:
-        async with trio.open_nursery() as nursery:
-            shutdown = trio.Event()
-            apps: list[Any] = []
-            urls = await nursery.start(partial(serve_http, daemon, hcfg, listen=("127.0.0.1", 0), shutdown=shutdown,
-                                               on_app=apps.append))
-            try:
-                yield InProcess(daemon, urls[0], shutdown, apps[0])
-            finally:
-                shutdown.set()
+    async with open_daemon(cfg) as daemon, trio.open_nursery() as nursery:
+        shutdown = trio.Event()
+        apps: list[Any] = []
+        urls = await nursery.start(partial(serve_http, daemon, hcfg, listen=("127.0.0.1", 0), shutdown=shutdown,
+                                           on_app=apps.append))
+        try:
+            yield InProcess(daemon, urls[0], shutdown, apps[0])
+        finally:
+            shutdown.set()

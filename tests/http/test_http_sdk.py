@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from http_harness import TOKENS, ServerProcess, drop_plugin, make_plugins, open_http
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-
-from http_harness import TOKENS, ServerProcess, make_plugins, open_http
 
 FULL = TOKENS["full"]
 
@@ -25,7 +24,7 @@ async def test_sdk_client_lists_and_calls_tools_in_a_legacy_session_with_progres
         logs.append(params)
 
     http = create_mcp_http_client(headers={"authorization": f"Bearer {FULL}"})
-    async with http, streamable_http_client(locked_server.url, http_client=http) as (read, write):
+    async with http, streamable_http_client(locked_server.url, http_client=http) as (read, write):  # noqa: SIM117
         async with ClientSession(read, write, logging_callback=on_log) as session:
             with trio.fail_after(30):
                 init = await session.initialize()
@@ -52,7 +51,7 @@ async def test_sdk_client_lists_and_calls_tools_in_a_legacy_session_with_progres
 
 async def test_sdk_client_in_the_modern_era_discovers_lists_and_calls(locked_server: ServerProcess) -> None:
     http = create_mcp_http_client(headers={"authorization": f"Bearer {TOKENS['alpha']}"})
-    async with http, streamable_http_client(locked_server.url, http_client=http) as (read, write):
+    async with http, streamable_http_client(locked_server.url, http_client=http) as (read, write):  # noqa: SIM117
         async with ClientSession(read, write) as session:
             with trio.fail_after(30):
                 found = await session.discover()
@@ -80,17 +79,14 @@ async def test_sdk_client_hears_list_changed_on_its_get_stream(tmp_path: Path) -
         if getattr(root, "method", None) == "notifications/tools/list_changed":
             changed.set()
 
-    async with open_http(plugins, tmp_path / "state") as srv:
-        async with streamable_http_client(srv.url) as (read, write):
-            async with ClientSession(read, write, message_handler=on_message) as session:
-                with trio.fail_after(30):
-                    await session.initialize()
-                    before = {t.name for t in (await session.list_tools()).tools}
-                    assert "b_secret" in before
-                    await trio.sleep(0.3)  # the SDK opens its GET stream after notifications/initialized
-                    beta = next(k for k, p in srv.daemon.plugins.items() if p.name == "beta")
-                    srv.daemon.plugins.pop(beta)
-                    srv.daemon.publish()
-                    await changed.wait()
-                    after = {t.name for t in (await session.list_tools()).tools}
-                    assert "b_secret" not in after and "a_echo" in after
+    async with open_http(plugins, tmp_path / "state") as srv, streamable_http_client(srv.url) as (read, write):  # noqa: SIM117
+        async with ClientSession(read, write, message_handler=on_message) as session:
+            with trio.fail_after(30):
+                await session.initialize()
+                before = {t.name for t in (await session.list_tools()).tools}
+                assert "b_secret" in before
+                await trio.sleep(0.3)  # the SDK opens its GET stream after notifications/initialized
+                await drop_plugin(srv.daemon, "beta")
+                await changed.wait()
+                after = {t.name for t in (await session.list_tools()).tools}
+                assert "b_secret" not in after and "a_echo" in after

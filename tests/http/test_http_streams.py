@@ -4,13 +4,13 @@ stream and on modern listen streams (only those that asked), keep-alives, gracef
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx2
 import trio
-
-from http_harness import make_plugins, open_http
+from http_harness import drop_plugin, make_plugins, open_http
 from httpkit import ACCEPT_BOTH, LEGACY, modern_body, modern_headers
 
 SUB_ID = "io.modelcontextprotocol/subscriptionId"
@@ -53,7 +53,7 @@ def _listen(notifications: dict[str, bool], id: Any) -> tuple[bytes, dict[str, s
 
 async def test_list_changed_reaches_the_get_stream_and_only_the_listen_streams_that_asked(tmp_path: Path) -> None:
     plugins = make_plugins(tmp_path / "plugins")
-    async with open_http(plugins, tmp_path / "state", keepalive_s=0.2) as srv:
+    async with open_http(plugins, tmp_path / "state", keepalive_s=0.2) as srv:  # noqa: SIM117
         async with httpx2.AsyncClient(timeout=10) as client:
             sid = await _initialize(client, srv.url)
             get_headers = {"accept": "text/event-stream", "mcp-session-id": sid, "mcp-protocol-version": LEGACY}
@@ -71,9 +71,7 @@ async def test_list_changed_reaches_the_get_stream_and_only_the_listen_streams_t
                 assert ack2 is not None and ack2["params"]["_meta"][SUB_ID] == 77
                 assert ack2["params"]["notifications"] == {}
 
-                beta = next(key for key, p in srv.daemon.plugins.items() if p.name == "beta")
-                srv.daemon.plugins.pop(beta)
-                assert srv.daemon.publish()
+                await drop_plugin(srv.daemon, "beta")
 
                 on_get = await get_reader.next()
                 assert on_get == {"jsonrpc": "2.0", "method": "notifications/tools/list_changed", "params": {}}
@@ -89,7 +87,7 @@ async def test_list_changed_reaches_the_get_stream_and_only_the_listen_streams_t
 
 async def test_shutdown_finishes_in_flight_calls_and_ends_listen_streams_with_their_result(tmp_path: Path) -> None:
     plugins = make_plugins(tmp_path / "plugins")
-    async with open_http(plugins, tmp_path / "state", shutdown_grace_s=5.0) as srv:
+    async with open_http(plugins, tmp_path / "state", shutdown_grace_s=5.0) as srv:  # noqa: SIM117
         async with httpx2.AsyncClient(timeout=10) as client:
             body, headers = _listen({"toolsListChanged": True}, "L")
             results: dict[str, Any] = {}

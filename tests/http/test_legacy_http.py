@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx2
 import pytest
-
 from http_harness import TOKENS, ServerProcess
 from httpkit import ACCEPT_BOTH, initialize, legacy_headers, messages, rpc
 

@@ -9,7 +9,6 @@ import time
 
 import httpx2
 import pytest
-
 from http_harness import TOKENS, ServerProcess
 from httpkit import LEGACY, initialize, legacy_headers, modern_post, rpc
 
@@ -138,7 +137,7 @@ def _raw(server: ServerProcess, data: bytes, pause_s: float = 0.0, rest: bytes =
         while True:
             try:
                 chunk = s.recv(65536)
-            except (socket.timeout, ConnectionResetError):
+            except (TimeoutError, ConnectionResetError):
                 break
             if not chunk:
                 break

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx2
 import pytest
-
 from http_harness import TOKENS, ServerProcess
 from httpkit import MODERN, messages, modern_body, modern_headers, modern_post, sse_messages
 
@@ -166,16 +165,15 @@ def test_no_log_messages_without_a_log_level_in_meta(locked_server: ServerProces
     assert quiet.headers["content-type"].startswith("application/json")
     loud = modern_post(client, locked_server.url, "tools/call", {"name": "a_chatty", "arguments": {}},
                        meta_extra={"io.modelcontextprotocol/logLevel": "debug"})
-    assert [m.get("method") for m in messages(loud)][0] == "notifications/message"
+    assert messages(loud)[0].get("method") == "notifications/message"
 
 
 def test_a_client_disconnect_cancels_the_call_and_kills_its_worker(locked_server: ServerProcess, tmp_path: Path) -> None:
     marker = tmp_path / "pid"
     body = modern_body("tools/call", {"name": "a_sleep", "arguments": {"seconds": 20, "marker": str(marker)}})
     headers = modern_headers("tools/call", "a_sleep", FULL)
-    with httpx2.Client(timeout=30) as c:
-        with pytest.raises(httpx2.TimeoutException):
-            c.post(locked_server.url, content=body, headers=headers, timeout=1.0)
+    with httpx2.Client(timeout=30) as c, pytest.raises(httpx2.TimeoutException):
+        c.post(locked_server.url, content=body, headers=headers, timeout=1.0)
     assert _wait_for(lambda: marker.exists() and marker.read_text().strip() != "")
     pid = int(marker.read_text())
     assert _wait_for(lambda: not _alive(pid)), "the worker running the abandoned call is still alive"

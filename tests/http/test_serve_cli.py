@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import httpx2
-
 from http_harness import REPO, make_plugins, start_server, stop_server
 from httpkit import modern_body, modern_headers
 
@@ -54,7 +53,8 @@ def test_stdio_http_and_a_unix_socket_are_served_by_one_daemon(tmp_path: Path) -
     proc = subprocess.Popen(
         [sys.executable, "-m", "runtime.cli", "serve", "--config", str(config), "--plugins", str(plugins),
          "--stdio", "--http", "127.0.0.1:0", "--unix", str(sock)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(stderr_path, "w"), cwd=str(REPO),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(stderr_path, "w"),  # noqa: SIM115
+        cwd=str(REPO),
         env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
         deadline = time.monotonic() + 60
@@ -93,14 +93,14 @@ def test_a_public_address_without_tokens_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "toolcell.toml"
     config.write_text(PLAIN_CONFIG)
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "--config", str(config), "--plugins",
-                        str(plugins), "--http", "0.0.0.0:0"], capture_output=True, text=True, timeout=60,
+                        str(plugins), "--http", "0.0.0.0:0"], check=False, capture_output=True, text=True, timeout=60,
                        cwd=str(REPO), env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert r.returncode == 1
     assert "without authentication" in r.stderr
 
 
 def test_serve_without_a_transport_says_how_to_choose_one() -> None:
-    r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve"], capture_output=True, text=True, timeout=60,
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve"], check=False, capture_output=True, text=True, timeout=60,
                        cwd=str(REPO), env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert r.returncode == 2
     assert "--http" in r.stderr and "--stdio" in r.stderr

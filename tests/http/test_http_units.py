@@ -1,0 +1,145 @@
+"""Sans-io pieces of the HTTP transport: token buckets (explicit clock), header/body checks,
+listen-address parsing, token hashing and scopes, the HTTP config checks."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import msgspec
+import pytest
+
+from runtime.auth import Authenticator, Principal, hash_token
+from runtime.http_config import HttpConfig, RateLimit, Token, check_http_config, parse_listen
+from runtime.ratelimit import RateLimited, RateLimiter
+from runtime.transports import mcp_headers as mh
+from runtime.transports.asgi import RequestHeaders, accepts
+
+
+def test_a_bucket_allows_its_burst_then_says_exactly_when_the_next_token_comes() -> None:
+    limiter = RateLimiter()
+    limit = RateLimit(per_s=2.0, burst=3)
+    assert [limiter.take("k", limit, 100.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limiter.take("k", limit, 100.0) == pytest.approx(0.5)
+    assert limiter.take("k", limit, 100.25) == pytest.approx(0.25)
+    assert limiter.take("k", limit, 100.5) == 0.0
+    # Refill is capped at the burst.
+    assert [limiter.take("k", limit, 1000.0) for _ in range(4)][-1] > 0
+    # Keys are independent.
+    assert limiter.take("other", limit, 100.5) == 0.0
+
+
+def test_the_limiter_forgets_the_least_recently_used_buckets() -> None:
+    limiter = RateLimiter(max_keys=2)
+    limit = RateLimit(per_s=1.0, burst=1)
+    limiter.take("a", limit, 0.0)
+    limiter.take("b", limit, 0.0)
+    limiter.take("a", limit, 0.0)
+    limiter.take("c", limit, 0.0)
+    assert len(limiter) == 2
+    assert limiter.take("b", limit, 0.0) == 0.0  # forgotten, so full again
+
+
+def test_rate_limited_reports_milliseconds_rounded_up() -> None:
+    exc = RateLimited("tool x", 0.0101)
+    assert exc.data() == {"retryAfterMs": 11, "limit": "tool x"}
+    assert "retry in 0.01 s" in str(exc)
+
+
+def _probe(params: dict[str, Any]) -> mh.Probe | None:
+    return mh.probe(msgspec.Raw(msgspec.json.encode(params)))
+
+
+def test_the_era_is_modern_for_discover_or_a_protocol_version_in_meta() -> None:
+    assert mh.body_is_modern("server/discover", None)
+    assert mh.body_is_modern("tools/list", _probe({"_meta": {"io.modelcontextprotocol/protocolVersion": "x"}}))
+    assert not mh.body_is_modern("tools/list", _probe({"_meta": {"progressToken": 1}}))
+    assert not mh.body_is_modern("tools/list", mh.probe(msgspec.Raw(b"[1,2]")))
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (b"plain", "plain"),
+    (b"  spaced\t", "spaced"),
+    (b"=?base64?" + base64.b64encode("Zürich".encode()) + b"?=", "Zürich"),
+    (b"=?base64?abc", "=?base64?abc"),
+    (b"=?BASE64?SGVsbG8=?=", "=?BASE64?SGVsbG8=?="),  # markers are lowercase only
+])
+def test_header_values_decode(raw: bytes, expected: str) -> None:
+    assert mh.decode_value(raw, "H") == expected
+
+
+@pytest.mark.parametrize("raw", [b"=?base64?SGVsbG8?=", b"=?base64?SGVs!!!bG8=?=", b"caf\xc3\xa9", b"a\x01b",
+                                 b"=?base64?" + base64.b64encode(b"\xff\xfe") + b"?="])
+def test_bad_header_values_are_mismatches(raw: bytes) -> None:
+    with pytest.raises(mh.HeaderMismatch):
+        mh.decode_value(raw, "H")
+
+
+def test_a_notification_needs_no_method_header_but_a_wrong_one_is_rejected() -> None:
+    p = _probe({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}})
+    mh.check("notifications/initialized", False, p, b"2026-07-28", None, None, {}, lambda n: None)
+    with pytest.raises(mh.HeaderMismatch):
+        mh.check("notifications/initialized", False, p, b"2026-07-28", b"other", None, {}, lambda n: None)
+
+
+def test_request_headers_collect_what_the_transport_reads() -> None:
+    h = RequestHeaders([(b"Host", b"localhost:1"), (b"mcp-param-region", b"eu"), (b"x-other", b"1"),
+                        (b"mcp-name", b"a"), (b"MCP-NAME", b"b")])
+    assert h.get(b"host") == b"localhost:1"
+    assert h.params == {b"region": b"eu"}
+    assert h.get(b"mcp-name") == b"a,b"  # repeated: joined, so it cannot match one body value
+    assert h.size > 0
+
+
+@pytest.mark.parametrize("accept, expected", [
+    (None, (True, True)), (b"application/json", (True, False)), (b"text/event-stream", (False, True)),
+    (b"application/json, text/event-stream", (True, True)), (b"*/*", (True, True)), (b"text/html", (False, False)),
+])
+def test_accept_is_lenient(accept: bytes | None, expected: tuple[bool, bool]) -> None:
+    assert accepts(accept) == expected
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("", ("127.0.0.1", 8765)), ("9000", ("127.0.0.1", 9000)), (":9000", ("127.0.0.1", 9000)),
+    ("0.0.0.0:80", ("0.0.0.0", 80)), ("localhost", ("localhost", 8765)), ("[::1]:5", ("::1", 5)),
+])
+def test_listen_addresses_parse(value: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(value) == expected
+
+
+@pytest.mark.parametrize("value", ["::1:80", "host:99999", "[::1", "host:port"])
+def test_bad_listen_addresses_are_refused(value: str) -> None:
+    with pytest.raises(ValueError):
+        parse_listen(value)
+
+
+def test_tokens_are_matched_by_hash_and_scopes_pick_tools() -> None:
+    cfg = HttpConfig(tokens=[Token(principal="ci", sha256=hash_token("secret-1"), scopes=["plugin:mathkit", "text_*"])])
+    auth = Authenticator(cfg)
+    assert auth.enabled
+    principal = auth.authenticate(b"Bearer secret-1")
+    assert principal is not None and principal.name == "ci"
+    assert auth.authenticate(b"bearer  secret-1") is not None
+    assert auth.authenticate(b"Bearer secret-2") is None
+    assert auth.authenticate(None) is None
+    assert auth.authenticate(b"Basic secret-1") is None
+
+    class Entry:
+        def __init__(self, name: str, plugin: str) -> None:
+            self.name, self.plugin = name, plugin
+
+    assert principal.allows(Entry("math_eval", "mathkit"))  # type: ignore[arg-type]
+    assert principal.allows(Entry("text_upper", "textkit"))  # type: ignore[arg-type]
+    assert not principal.allows(Entry("json_query", "jsonkit"))  # type: ignore[arg-type]
+    assert Principal("all").all_tools
+    assert Authenticator(HttpConfig()).authenticate(None) is not None  # no tokens: authentication is off
+
+
+def test_the_http_config_is_checked() -> None:
+    bad = HttpConfig(path="mcp", tokens=[Token(principal="", sha256="nothex")], max_body_bytes=0,
+                     principal_rate=RateLimit(per_s=0), metrics_listen="::1:2")
+    problems = " ".join(check_http_config(bad))
+    for fragment in ("http.path", "sha256", "principal must not be empty", "max_body_bytes", "principal_rate",
+                     "metrics_listen"):
+        assert fragment in problems
+    assert check_http_config(HttpConfig()) == []
