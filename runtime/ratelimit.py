@@ -9,13 +9,14 @@ exactly when to retry. Buckets are created lazily and the least recently used ar
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 from runtime.http_config import RateLimit
 
 
 class Bucket:
-    __slots__ = ("per_s", "capacity", "tokens", "stamp")
+    __slots__ = ("capacity", "per_s", "stamp", "tokens")
 
     def __init__(self, limit: RateLimit, now: float) -> None:
         self.per_s = limit.per_s

@@ -43,7 +43,7 @@ class Waker:
 
 
 class CallBox(Waker):
-    __slots__ = ("pending", "final", "cancelled", "overflow", "stream")
+    __slots__ = ("cancelled", "final", "overflow", "pending", "stream")
 
     def __init__(self, stream: bool) -> None:
         super().__init__()
@@ -74,7 +74,7 @@ class CallBox(Waker):
 
 
 class PushStream(Waker):
-    __slots__ = ("pending", "closed", "last", "listen", "overflow")
+    __slots__ = ("closed", "last", "listen", "overflow", "pending")
 
     def __init__(self, listen: Listen | None = None) -> None:
         super().__init__()

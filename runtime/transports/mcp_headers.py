@@ -12,7 +12,8 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
