@@ -115,3 +115,43 @@ async def test_shutdown_finishes_in_flight_calls_and_ends_listen_streams_with_th
                 raise AssertionError("a request was served after shutdown began")
             except httpx2.TransportError:
                 pass
+
+
+async def test_concurrency_session_and_stream_caps_answer_503(tmp_path: Path) -> None:
+    plugins = make_plugins(tmp_path / "plugins")
+    async with open_http(plugins, tmp_path / "state", max_concurrent_requests=1, max_sessions=1,
+                         max_streams=1) as srv:
+        async with httpx2.AsyncClient(timeout=10) as client:
+            async def slow() -> None:
+                await client.post(srv.url, content=modern_body("tools/call", {"name": "a_sleep",
+                                                                                "arguments": {"seconds": 0.5}}),
+                                  headers=modern_headers("tools/call", "a_sleep"))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(slow)
+                await trio.sleep(0.2)
+                busy = await client.post(srv.url, content=modern_body("tools/list"), headers=modern_headers("tools/list"))
+                assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+            sid = await _initialize(client, srv.url)
+            refused = await client.post(srv.url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+                headers={"accept": ACCEPT_BOTH})
+            assert refused.status_code == 503 and refused.json()["id"] == 1
+            body, headers = _listen({"toolsListChanged": True}, "one")
+            async with client.stream("POST", srv.url, content=body, headers=headers) as first:
+                assert (await SSEReader(first).next()) is not None
+                get = await client.get(srv.url, headers={"accept": "text/event-stream", "mcp-session-id": sid})
+                assert get.status_code == 503
+
+
+async def test_idle_sessions_are_forgotten(tmp_path: Path) -> None:
+    plugins = make_plugins(tmp_path / "plugins")
+    async with open_http(plugins, tmp_path / "state", session_idle_s=0.3) as srv:
+        async with httpx2.AsyncClient(timeout=10) as client:
+            sid = await _initialize(client, srv.url)
+            headers = {"mcp-session-id": sid, "accept": ACCEPT_BOTH}
+            ok = await client.post(srv.url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=headers)
+            assert ok.status_code == 200
+            await trio.sleep(0.8)
+            gone = await client.post(srv.url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, headers=headers)
+            assert gone.status_code == 404
