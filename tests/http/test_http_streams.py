@@ -119,7 +119,7 @@ async def test_shutdown_finishes_in_flight_calls_and_ends_listen_streams_with_th
 
 async def test_concurrency_session_and_stream_caps_answer_503(tmp_path: Path) -> None:
     plugins = make_plugins(tmp_path / "plugins")
-    async with open_http(plugins, tmp_path / "state", max_concurrent_requests=1, max_sessions=1,
+    async with open_http(plugins, tmp_path / "state", max_concurrent_requests=1, max_sessions=1,  # noqa: SIM117
                          max_streams=1) as srv:
         async with httpx2.AsyncClient(timeout=10) as client:
             async def slow() -> None:
@@ -146,7 +146,7 @@ async def test_concurrency_session_and_stream_caps_answer_503(tmp_path: Path) ->
 
 async def test_idle_sessions_are_forgotten(tmp_path: Path) -> None:
     plugins = make_plugins(tmp_path / "plugins")
-    async with open_http(plugins, tmp_path / "state", session_idle_s=0.3) as srv:
+    async with open_http(plugins, tmp_path / "state", session_idle_s=0.3) as srv:  # noqa: SIM117
         async with httpx2.AsyncClient(timeout=10) as client:
             sid = await _initialize(client, srv.url)
             headers = {"mcp-session-id": sid, "accept": ACCEPT_BOTH}
