@@ -99,7 +99,11 @@ async def _serve_stdio(daemon: Any, shutdown: trio.Event, grace_s: float) -> Non
     async with trio.open_nursery() as nursery:
         async def cut_after_grace() -> None:
             await shutdown.wait()
-            nursery.cancel_scope.deadline = trio.current_time() + grace_s
+            # Calls in flight get the grace period; with none, stop reading stdin at once.
+            deadline = trio.current_time() + grace_s
+            while daemon.inflight > 0 and trio.current_time() < deadline:
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
 
         nursery.start_soon(cut_after_grace)
         await serve_stdio(daemon)
