@@ -56,6 +56,8 @@ from runtime.transports.http_sessions import CallBox, LegacySession, PushStream,
 RATE_LIMITED = -31002
 #: What 2025 SDK servers answer for an unknown session (legacy, implementation-defined band).
 SESSION_NOT_FOUND = -32001
+#: How long a call is awaited before its client's disconnect is watched for too.
+QUICK_WAIT_S = 0.05
 
 _MODERN_STATUS = {
     rpc.PARSE_ERROR: 400, rpc.INVALID_REQUEST: 400, rpc.INVALID_PARAMS: 400, rpc.HEADER_MISMATCH: 400,
@@ -116,7 +118,8 @@ class HttpApp:
                 log("http_internal_error", level="error", error=f"{type(exc).__name__}: {exc}")
                 if not r.started:
                     await r.body(500, rpc.error_response(None, rpc.INTERNAL_ERROR, "Internal error"))
-            self.status_counts[r.status] = self.status_counts.get(r.status, 0) + 1
+            status = r.status or 499  # 499: the client went away before an answer (nginx's convention)
+            self.status_counts[status] = self.status_counts.get(status, 0) + 1
         elif kind == "lifespan":
             while True:
                 message = await receive()
@@ -435,9 +438,19 @@ class HttpApp:
         if session is not None and box.final is None:
             session.inflight[request_id] = (call, handle, box)
         detached = False  # True once the call no longer needs cancelling by us
+        quick = True
         try:
             while True:
                 if box.final is None and not box.pending and not box.cancelled:
+                    if quick:
+                        # Most calls finish within milliseconds: wait for them on an event, and only
+                        # then start watching for a disconnect (which costs a cancellation to undo).
+                        quick = False
+                        box.event = trio.Event()
+                        with trio.move_on_after(QUICK_WAIT_S):
+                            await box.event.wait()
+                        box.event = None
+                        continue
                     with trio.CancelScope() as parked:
                         box.scope = parked
                         message = await receive()

@@ -28,18 +28,25 @@ MAX_PENDING = 1024
 
 
 class Waker:
-    """Something a request handler parks on; ``wake()`` (sync, from callbacks) unparks it."""
+    """Something a request handler parks on; ``wake()`` (sync, from callbacks) unparks it.
 
-    __slots__ = ("scope", "woken")
+    The handler parks either on ``event`` (cheap) or, when it must also notice the client going
+    away, in ``receive()`` under ``scope``, which ``wake()`` cancels.
+    """
+
+    __slots__ = ("event", "scope", "woken")
 
     def __init__(self) -> None:
         self.scope: trio.CancelScope | None = None
+        self.event: trio.Event | None = None
         self.woken = False
 
     def wake(self) -> None:
         self.woken = True
         if self.scope is not None:
             self.scope.cancel()
+        if self.event is not None:
+            self.event.set()
 
 
 class CallBox(Waker):
