@@ -35,6 +35,8 @@ class Daemon:
         self.plugins: dict[str, Plugin] = {}
         self.failed: list[Plugin] = []
         self._reload_lock = trio.Lock()
+        #: Pools of replaced or removed plugin versions, finishing their in-flight calls.
+        self._retiring: set[Any] = set()
         self.reloads = 0
         self.reload_failures = 0
         self.catalog = Catalog(0, [], config.page_size)
@@ -130,9 +132,16 @@ class Daemon:
                     self.failed.remove(old)
             changed_tools = self.publish()
             for pool in retiring:
-                self.nursery.start_soon(pool.retire)
+                self._retiring.add(pool)
+                self.nursery.start_soon(self._retire, pool)
             log("reload_done", changed=changed_tools, catalog_version=self.catalog.version, tools=len(self.catalog))
             return changed_tools
+
+    async def _retire(self, pool: Any) -> None:
+        try:
+            await pool.retire()
+        finally:
+            self._retiring.discard(pool)
 
     def publish(self) -> bool:
         """Build a new catalog version from the loaded plugins; notify if the tool set changed."""
@@ -171,7 +180,12 @@ class Daemon:
 
         def done(slot: Any) -> None:
             self.inflight -= 1
-            on_done(call, self._finish(call, slot, principal, started))
+            try:
+                data = self._finish(call, slot, principal, started)
+            except Exception as exc:  # our bug: answer -32603 rather than leave the call hanging
+                log("internal_error", level="error", tool=entry.name, error=f"{type(exc).__name__}: {exc}")
+                data = core.call_error(call, rpc.INTERNAL_ERROR, "Internal error")
+            on_done(call, data)
 
         if self.inflight >= self.config.max_inflight:
             self.stats["busy"] += 1
@@ -179,8 +193,12 @@ class Daemon:
             on_done(call, core.call_error(call, rpc.SERVER_BUSY, "Server busy: too many calls in flight; retry later",
                                           {"retryAfterMs": 100}))
             return None
-        slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None, call.log_level,
-                             on_event, done)
+        try:
+            slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None, call.log_level,
+                                 on_event, done)
+        except (OverflowError, TypeError, ValueError) as exc:
+            on_done(call, core.call_error(call, rpc.INVALID_PARAMS, f"Invalid params: arguments cannot be passed to a worker ({type(exc).__name__}: {str(exc)[:100]})"))
+            return None
         try:
             pool.submit(slot)
         except PoolBusy as exc:
@@ -190,6 +208,10 @@ class Daemon:
             return None
         except WorkerFailure as exc:
             on_done(call, core.call_failed(call, f"Tool {entry.name} failed: {exc.message}"))
+            return None
+        except Exception as exc:  # our bug: this call gets -32603, every other call keeps going
+            log("internal_error", level="error", tool=entry.name, error=f"{type(exc).__name__}: {exc}")
+            on_done(call, core.call_error(call, rpc.INTERNAL_ERROR, "Internal error"))
             return None
         self.inflight += 1
         return slot
@@ -257,11 +279,19 @@ class Daemon:
                 for plugin in self.plugins.values():
                     if plugin.pool is not None:
                         n.start_soon(plugin.pool.aclose)
+                for pool in list(self._retiring):
+                    n.start_soon(pool.aclose)
 
 
 @asynccontextmanager
 async def open_daemon(config: Config, describe_only: bool = False) -> AsyncIterator[Daemon]:
     become_subreaper()
+    try:
+        from sandbox.isolation import cgroups
+
+        cgroups.sweep_stale()  # empty worker cgroups left behind by a daemon that died
+    except Exception as exc:  # never fatal: strict workers re-check their own cgroup layer
+        log("cgroup_sweep_failed", level="warning", error=str(exc))
     async with trio.open_nursery() as nursery:
         daemon = Daemon(config, nursery)
         try:

@@ -110,7 +110,7 @@ async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
         return not any(p in _SKIP_DIRS for p in parts) and not path.endswith(_SKIP_SUFFIXES)
 
     async for changes in watchfiles.awatch(*paths, watch_filter=wanted, debounce=debounce_ms, step=20,
-                                           recursive=True, ignore_permission_denied=True):
+                                           rust_timeout=250, recursive=True, ignore_permission_denied=True):
         log("reload_requested", trigger="watch", changed=len(changes))
         await daemon.reload()
 

@@ -120,10 +120,16 @@ def check_structured(output_validator: Any, structured: Any) -> None:
     """Raise ``PluginOutputError`` unless ``structured`` conforms to the tool's outputSchema."""
     if not isinstance(structured, dict):
         raise PluginOutputError("structuredContent must be a JSON object")
-    problem = describe_validation_error(output_validator, structured)
+    try:
+        problem = describe_validation_error(output_validator, structured)
+    except (ValueError, RecursionError):
+        raise PluginOutputError("structuredContent is nested too deeply to check") from None
     if problem is not None:
         raise PluginOutputError(f"structuredContent does not match the tool's outputSchema: {problem}")
 
 
 def encoded_size(value: Any) -> int:
-    return len(_encoder.encode(value))
+    try:
+        return len(_encoder.encode(value))
+    except (ValueError, RecursionError, TypeError, OverflowError):
+        raise PluginOutputError("the result cannot be encoded as JSON (too deep or not JSON data)") from None

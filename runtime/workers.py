@@ -42,6 +42,7 @@ import trio
 
 import sandbox
 from runtime.logs import log
+from sandbox.isolation import cgroups
 from runtime.manifest import Manifest
 from sandbox import wire
 
@@ -259,11 +260,15 @@ class Worker:
 class Slot:
     """One call on its way through a pool. ``on_done(slot)`` runs once, when it has an outcome."""
 
-    __slots__ = ("call", "on_event", "on_done", "event", "result", "error", "deadline", "abandoned", "finished")
+    __slots__ = ("call", "frame", "on_event", "on_done", "event", "result", "error", "deadline", "abandoned",
+                 "finished")
 
     def __init__(self, call: wire.Call, on_event: Callable[[Any], None] | None,
                  on_done: Callable[[Slot], None] | None = None) -> None:
         self.call = call
+        #: The encoded Call frame. Raises here (OverflowError for integers beyond 64 bits, ...) so
+        #: that an unencodable argument fails its own call, before it is queued anywhere.
+        self.frame = wire.encode_frame(call)
         self.on_event = on_event
         self.on_done = on_done
         self.event: trio.Event | None = None
@@ -277,8 +282,11 @@ class Slot:
         if self.finished:
             return
         self.finished = True
-        if self.on_done is not None:
-            self.on_done(self)
+        try:
+            if self.on_done is not None:
+                self.on_done(self)
+        except Exception as exc:  # our bug; the pool must keep running
+            log("internal_error", level="error", where="call completion", error=f"{type(exc).__name__}: {exc}")
         if self.event is not None:
             self.event.set()
 
@@ -371,7 +379,11 @@ class WorkerPool:
                 raise WorkerFailure("crashed", "the worker process exited unexpectedly")
             with trio.fail_after(START_TIMEOUT_S):
                 msg = await worker.read_message()
-        except (WorkerFailure, trio.TooSlowError, OSError) as exc:
+        except BaseException as exc:
+            if not isinstance(exc, (WorkerFailure, trio.TooSlowError, OSError)):
+                # Cancelled (daemon shutting down) or our bug: never leave the process behind.
+                self._discard(worker, kill=True)
+                raise
             text = exc.message if isinstance(exc, WorkerFailure) else f"no answer within {START_TIMEOUT_S:.0f} s"
             with trio.move_on_after(1.0):
                 await worker.exited.wait()
@@ -459,8 +471,7 @@ class WorkerPool:
         if not worker.pending:
             self._start_deadline(slots[0])
         worker.pending.extend(slots)
-        data = wire.encode_frame(slots[0].call) if len(slots) == 1 else b"".join(
-            wire.encode_frame(slot.call) for slot in slots)
+        data = slots[0].frame if len(slots) == 1 else b"".join(slot.frame for slot in slots)
         if not worker.write(data):
             self._fail_worker(worker, WorkerFailure("crashed", "the worker process exited unexpectedly"))
 
@@ -618,7 +629,10 @@ class WorkerPool:
         decode = wire.from_worker_decoder.decode
         try:
             while True:
-                frames = wire.split_frames(worker.buf, worker.max_frame) if worker.buf else []
+                try:
+                    frames = wire.split_frames(worker.buf, worker.max_frame) if worker.buf else []
+                except ValueError:
+                    raise WorkerFailure("output_cap", "the tool's output exceeded its size limit") from None
                 for raw_frame in frames:
                     try:
                         msg = decode(raw_frame)
@@ -645,9 +659,6 @@ class WorkerPool:
                 if worker.dead:
                     return
                 worker.buf += await worker.recv()
-        except ValueError:
-            exc: WorkerFailure = WorkerFailure("output_cap", "the tool's output exceeded its size limit")
-            self._fail_worker(worker, exc)
         except WorkerFailure as exc:
             if worker.dead:
                 return
@@ -667,8 +678,12 @@ class WorkerPool:
             self.idle.remove(worker)
         if kill:
             kill_tree(worker.pid)
-            if self._on_kill is not None and first:
-                self._on_kill(self.name)
+            if first:
+                # Escaped grandchildren carry this worker's token: retire it and sweep them now.
+                LIVE_WORKER_TOKENS.discard(worker.token)
+                sweep_orphans()
+                if self._on_kill is not None:
+                    self._on_kill(self.name)
         if first:
             worker.out_wake.set()
             try:
@@ -680,34 +695,48 @@ class WorkerPool:
             except OSError:
                 pass
 
-    async def _watch(self, worker: Worker) -> None:
-        """Relay the worker's output to the log (capped) and clean up once it exits."""
+    async def _pump_output(self, worker: Worker) -> None:
+        """Relay what the worker prints to the log (capped); keeps a tail for start-up errors."""
         logged = 0
         stdout = worker.proc.stdout
+        if stdout is None:
+            return
         try:
-            if stdout is not None:
-                while True:
-                    try:
-                        chunk = await stdout.receive_some(65536)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        break
-                    if not chunk:
-                        break
-                    worker.output_tail = (worker.output_tail + chunk)[-4096:]
-                    if logged < _MAX_LOGGED_OUTPUT:
-                        text = chunk[: _MAX_LOGGED_OUTPUT - logged].decode("utf-8", "replace")
-                        logged += len(chunk)
-                        log("plugin_output", plugin=self.name, pid=worker.pid, output=text.rstrip("\n"))
-                        if logged >= _MAX_LOGGED_OUTPUT:
-                            log("plugin_output_capped", plugin=self.name, pid=worker.pid, cap_bytes=_MAX_LOGGED_OUTPUT)
+            while True:
+                try:
+                    chunk = await stdout.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+                if not chunk:
+                    break
+                worker.output_tail = (worker.output_tail + chunk)[-4096:]
+                if logged < _MAX_LOGGED_OUTPUT:
+                    text = chunk[: _MAX_LOGGED_OUTPUT - logged].decode("utf-8", "replace")
+                    logged += len(chunk)
+                    log("plugin_output", plugin=self.name, pid=worker.pid, output=text.rstrip("\n"))
+                    if logged >= _MAX_LOGGED_OUTPUT:
+                        log("plugin_output_capped", plugin=self.name, pid=worker.pid, cap_bytes=_MAX_LOGGED_OUTPUT)
+        finally:
             with trio.CancelScope(shield=True):
-                await worker.proc.wait()
-            worker.exited.set()
+                await stdout.aclose()
+
+    async def _watch(self, worker: Worker) -> None:
+        """Wait for the worker process to exit, then clean up after it.
+
+        The exit, not the end of its output, drives the clean-up: a grandchild that inherited the
+        stdout pipe must not keep us from killing it."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump_output, worker)
+                with trio.CancelScope(shield=True):
+                    await worker.proc.wait()
+                worker.exited.set()
+                with trio.move_on_after(0.5):  # let the last output drain, then stop listening
+                    while worker.proc.stdout is not None and nursery.child_tasks:
+                        await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
         finally:
             worker.exited.set()
-            with trio.CancelScope(shield=True):
-                if stdout is not None:
-                    await stdout.aclose()
             if not worker.dead and not self.closed:
                 self.restarts += 1
                 log("worker_exited", level="warning", plugin=self.name, pid=worker.pid,
@@ -715,14 +744,20 @@ class WorkerPool:
             self._fail_worker(worker, WorkerFailure("crashed", describe_exit(worker.proc.returncode)))
             LIVE_WORKER_TOKENS.discard(worker.token)
             sweep_orphans()
+            with trio.CancelScope(shield=True):
+                # Whatever is left in the worker's cgroup dies with it; the cgroup goes away.
+                await trio.to_thread.run_sync(cgroups.cleanup, worker.pid)
             shutil.rmtree(worker.scratch, ignore_errors=True)
 
     async def retire(self) -> None:
         """Let every call already given to this pool finish (each within its deadline), then close."""
         self.retiring = True
-        while self.in_flight and not self.closed:
-            await trio.sleep(0.02)
-        await self.aclose(grace_s=0)
+        try:
+            while self.in_flight and not self.closed:
+                await trio.sleep(0.02)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.aclose(grace_s=0)
 
     async def aclose(self, grace_s: float = 2.0) -> None:
         """Stop accepting calls, let in-flight ones finish for up to ``grace_s``, then kill all."""

@@ -332,8 +332,10 @@ def tool(
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise TypeError(f"tool {func.__name__}: *args/**kwargs are not supported")
             tp = hints.get(pname, Any)
-            if pname in param_docs and typing.get_origin(tp) is not typing.Annotated:
-                tp = typing.Annotated[tp, msgspec.Meta(description=param_docs[pname])]
+            if pname in param_docs:
+                metas = typing.get_args(tp)[1:] if typing.get_origin(tp) is typing.Annotated else ()
+                if not any(isinstance(m, msgspec.Meta) and m.description for m in metas):
+                    tp = typing.Annotated[tp, msgspec.Meta(description=param_docs[pname])]
             if param.default is inspect.Parameter.empty:
                 fields.append((pname, tp))
             else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import importlib
+import inspect
 import os
 import socket
 import sys
@@ -104,14 +105,21 @@ def load_plugin(init: Init) -> list[api.ToolDef]:
     return list(api.TOOLS)
 
 
+_CONTENT_TYPES = frozenset({"text", "image", "audio", "resource_link", "resource"})
+
+
+def _is_content(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("type") in _CONTENT_TYPES
+
+
 def _to_content(value: Any) -> list[dict[str, Any]]:
     if value is None:
         return []
     if isinstance(value, str):
         return [{"type": "text", "text": value}]
-    if isinstance(value, dict) and "type" in value:
+    if _is_content(value):
         return [value]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (dict, str)) for v in value):
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) or _is_content(v) for v in value):
         return [v if isinstance(v, dict) else {"type": "text", "text": v} for v in value]
     return [{"type": "text", "text": _json.encode(value).decode()}]
 
@@ -131,6 +139,10 @@ def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any) -> Result:
             kwargs = {f: getattr(args, f) for f in args.__struct_fields__}
         else:
             kwargs = dict(call.arguments)
+            try:
+                inspect.signature(tdef.fn).bind(**kwargs)
+            except TypeError as exc:
+                return Result(call.id, [{"type": "text", "text": f"Invalid arguments: {exc}"}], is_error=True)
         value = tdef.fn(**kwargs)
         if tdef.is_async:
             value = asyncio.run(value)
@@ -152,6 +164,15 @@ def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any) -> Result:
         )
     finally:
         api._set_current(None)
+
+
+def encode_result(result: Result) -> bytes:
+    """Encode a Result frame; one msgpack cannot carry (an integer beyond 64 bits, ...) becomes an error."""
+    try:
+        return encode_frame(result)
+    except (OverflowError, TypeError, ValueError) as exc:
+        text = f"The tool's result could not be encoded: {type(exc).__name__}: {exc}"
+        return encode_frame(Result(result.id, [{"type": "text", "text": text}], is_error=True))
 
 
 #: Results of a batch are held back at most this long, so a slow call still answers promptly.
@@ -212,7 +233,7 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef]) -> None:
         call = queue.popleft()
         if not out:
             first_unsent = time.monotonic()
-        out.append(encode_frame(run_call(tools, call, send)))
+        out.append(encode_result(run_call(tools, call, send)))
         if not queue or time.monotonic() - first_unsent > FLUSH_AFTER_S:
             flush()
 

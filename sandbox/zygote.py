@@ -61,13 +61,13 @@ def _child(chan: Any, tools: dict[str, api.ToolDef], call: Call, out: socket.soc
             landlock.apply_scope_only()
         except OSError:
             pass
-        from sandbox.worker import run_call
+        from sandbox.worker import encode_result, run_call
 
         def send(msg: Any) -> None:
             out.sendall(encode_frame(msg))
 
         result = run_call(tools, call, send)
-        out.sendall(encode_frame(result))
+        out.sendall(encode_result(result))
     except BaseException:  # noqa: BLE001 (the zygote answers for a child that fails)
         code = 1
     finally:

@@ -24,6 +24,12 @@ class _Writer:
         self.pending: list[bytes] = []
         self.wake = trio.Event()
         self.broken = False
+        self.closing = False
+
+    def close(self) -> None:
+        """Finish writing what is queued, then let ``run`` return."""
+        self.closing = True
+        self.wake.set()
 
     def emit(self, data: bytes) -> None:
         if self.broken:
@@ -36,6 +42,8 @@ class _Writer:
             await self.wake.wait()
             self.wake = trio.Event()
             await self.flush()
+            if self.closing and not self.pending:
+                return
 
     async def flush(self) -> None:
         while self.pending and not self.broken:
@@ -95,8 +103,7 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
                 await session.wait_idle()
             finally:
                 session.close()
-        await writer.flush()
-        nursery.cancel_scope.cancel()
+        writer.close()  # the writer drains what is queued (even a send in progress) and returns
 
 
 def _receive_line(session: Session, line: bytes | bytearray, max_line: int) -> None:
