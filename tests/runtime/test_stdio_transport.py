@@ -286,12 +286,6 @@ async def test_a_subscription_is_acknowledged_first_and_ended_by_cancelling_it(d
 # -- end of input -----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: serve_stdio ends with `await writer.flush(); nursery.cancel_scope.cancel()`; when the writer "
-    "task has already taken the last responses off `pending` and is inside `send_all`, flush() finds "
-    "nothing to do and the cancel aborts that send: replies to calls that finish just before/after "
-    "stdin EOF are lost (reproduced with `printf '<initialize>\\n<tools/call>\\n' | toolcell serve "
-    "--stdio --no-watch`)"))
 async def test_every_request_sent_before_stdin_closes_is_answered(daemon: Daemon) -> None:
     for round_ in range(3):
         ids = [f"r{round_}-{i}" for i in range(4)]

@@ -260,11 +260,6 @@ async def test_deeply_nested_structured_output_fails_the_call_not_the_daemon(pee
     await assert_still_serving(peer)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: an integer argument outside the 64-bit range is valid JSON and passes an 'integer' schema, "
-    "but wire.encode_frame(Call) raises OverflowError (msgpack) inside WorkerPool.submit, called from "
-    "Session.dispatch -> Daemon.start; nothing catches it, so it propagates out of serve_stdio and the "
-    "whole daemon dies"))
 async def test_an_argument_the_worker_channel_cannot_carry_fails_only_its_call(peer: StdioPeer) -> None:
     response = await peer.call("add", {"a": 2**70, "b": 1}, timeout=5)
     assert "error" in response or response["result"].get("isError") is True
