@@ -45,7 +45,7 @@ class Daemon:
         self.call_hooks: list[CallHook] = []
         self.inflight = 0
         self.ready = False
-        self.stats = {"calls": 0, "errors": 0, "busy": 0, "limit_kills": 0}
+        self.stats = {"calls": 0, "errors": 0, "busy": 0}
 
     # -- plugins and catalog -------------------------------------------------------------------
 
@@ -54,7 +54,7 @@ class Daemon:
 
         async def one(path: Path) -> None:
             plugin = await load_plugin(path, self.nursery, self.config.policy, self.config.state_dir,
-                                       self.config.min_workers, describe_only, on_kill=self._on_kill)
+                                       self.config.min_workers, describe_only)
             plugin.fingerprint = fingerprint(path)
             results[path] = plugin
 
@@ -158,9 +158,6 @@ class Daemon:
         """Call ``notify()`` whenever the tool set changes; returns the unsubscribe function."""
         self._subscribers.add(notify)
         return lambda: self._subscribers.discard(notify)
-
-    def _on_kill(self, plugin: str) -> None:
-        self.stats["limit_kills"] += 0  # counted precisely by the pools; hook kept for metrics
 
     # -- calls ---------------------------------------------------------------------------------
 

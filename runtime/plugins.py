@@ -61,7 +61,7 @@ def discover(dirs: Iterable[str]) -> list[Path]:
 
 
 async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir: str, min_workers: int,
-                      describe_only: bool = False, on_kill=None) -> Plugin:
+                      describe_only: bool = False) -> Plugin:
     """Load one plugin: manifest, first worker, tool checks. Never raises for the plugin's faults."""
     plugin = Plugin(path)
     try:
@@ -70,7 +70,7 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
         plugin.problems = [f"{exc.path}: {p}" for p in exc.problems]
         return plugin
     spec = PoolSpec(plugin.manifest, str(path), policy, state_dir, min_workers=min_workers, describe_only=describe_only)
-    pool = WorkerPool(spec, nursery, on_kill=on_kill)
+    pool = WorkerPool(spec, nursery)
     try:
         ready = await pool.start()
     except PluginLoadError as exc:

@@ -229,9 +229,15 @@ class Worker:
         return True
 
     async def read_message(self) -> Any:
-        """The next frame (used only during start-up, before the reader task runs)."""
+        """The next frame (used only during start-up, before the reader task runs).
+
+        ``Ready`` carries every tool definition, so it is capped by the protocol-wide frame limit,
+        not the plugin's output cap; the definitions are checked (and refused) afterwards."""
         while True:
-            frames = wire.split_frames(self.buf, self.max_frame)
+            try:
+                frames = wire.split_frames(self.buf, wire.MAX_FRAME_BYTES, max_count=1)
+            except ValueError:
+                raise WorkerFailure("output_cap", "the worker sent a frame over the size limit") from None
             if frames:
                 try:
                     return wire.from_worker_decoder.decode(frames[0])
@@ -294,7 +300,7 @@ class Slot:
 class WorkerPool:
     """Pre-started workers for one plugin version; see the module docstring for the rules."""
 
-    def __init__(self, spec: PoolSpec, nursery: trio.Nursery, on_kill: Callable[[str], None] | None = None) -> None:
+    def __init__(self, spec: PoolSpec, nursery: trio.Nursery) -> None:
         self.spec = spec
         self.name = spec.manifest.name
         self.limits = spec.manifest.limits
@@ -312,7 +318,6 @@ class WorkerPool:
         self.limit_kills = 0
         self.start_failures = 0
         self.in_flight = 0
-        self._on_kill = on_kill
         self._next_call_id = 0
         self._max_frame = self.limits.max_output_bytes + _FRAME_OVERHEAD
         self._watch_wake = trio.Event()
@@ -682,8 +687,6 @@ class WorkerPool:
                 # Escaped grandchildren carry this worker's token: retire it and sweep them now.
                 LIVE_WORKER_TOKENS.discard(worker.token)
                 sweep_orphans()
-                if self._on_kill is not None:
-                    self._on_kill(self.name)
         if first:
             worker.out_wake.set()
             try:

@@ -165,15 +165,15 @@ def encode_frame(msg: Any) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def split_frames(buf: bytearray, max_frame: int = MAX_FRAME_BYTES) -> list[bytes]:
-    """Remove and return every complete frame body at the front of ``buf``.
+def split_frames(buf: bytearray, max_frame: int = MAX_FRAME_BYTES, max_count: int = 1 << 30) -> list[bytes]:
+    """Remove and return the complete frame bodies (at most ``max_count``) at the front of ``buf``.
 
     Raises ``ValueError`` for a frame longer than ``max_frame`` (the peer is broken or hostile).
     """
     out: list[bytes] = []
     pos = 0
     n = len(buf)
-    while n - pos >= 4:
+    while n - pos >= 4 and len(out) < max_count:
         (length,) = HEADER.unpack_from(buf, pos)
         if length > max_frame:
             raise ValueError(f"frame of {length} bytes exceeds the {max_frame}-byte cap")

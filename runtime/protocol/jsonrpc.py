@@ -46,12 +46,11 @@ encode = _encoder.encode
 class ProtocolError(Exception):
     """A JSON-RPC error to answer with (the client's fault, or ours for -32603)."""
 
-    def __init__(self, code: int, message: str, data: Any = UNSET, http_status: int | None = None) -> None:
+    def __init__(self, code: int, message: str, data: Any = UNSET) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.data = data
-        self.http_status = http_status
 
 
 def decode_envelope(data: bytes | memoryview) -> Envelope | list[Any]:

@@ -111,6 +111,28 @@ def test_list_exits_1_and_explains_when_a_plugin_is_refused(make_plugin: Callabl
     assert "badtools" in out.stderr and "remote $ref" in out.stderr
 
 
+HUGE_DEFINITION = '''
+from sandbox import tool
+
+
+@tool(description="x" * 100_000)
+def huge() -> str:
+    return "hi"
+'''
+
+
+def test_a_plugin_whose_definitions_exceed_its_output_cap_is_refused_and_the_others_keep_serving(
+        make_plugin: Callable[..., Path]) -> None:
+    make_plugin("greeter", GOOD)
+    plugins = make_plugin("oversized", HUGE_DEFINITION, limits={"max_output_bytes": 1024})
+    out = toolcell("list", "--plugins", str(plugins), "--policy", "none")
+    assert out.returncode == 1, out.stderr[-2000:]
+    names = {line.split()[0] for line in out.stdout.splitlines()[2:] if line.strip()}
+    assert {"greet", "double"} <= names and "huge" not in names
+    assert "oversized" in out.stderr and "description longer than" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 # -- toolcell call ----------------------------------------------------------------------------------------
 
 
