@@ -15,7 +15,6 @@ Never imports trio.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import importlib
 import inspect
@@ -145,6 +144,8 @@ def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any) -> Result:
                 return Result(call.id, [{"type": "text", "text": f"Invalid arguments: {exc}"}], is_error=True)
         value = tdef.fn(**kwargs)
         if tdef.is_async:
+            import asyncio  # imported by main() when the plugin has an async tool
+
             value = asyncio.run(value)
         if isinstance(value, api.ToolResult):
             structured = msgspec.to_builtins(value.structured) if value.has_structured else None
@@ -256,6 +257,10 @@ def main(fd: int = IPC_FD) -> None:
     except BaseException as exc:  # SystemExit from a plugin's import is a load failure too
         chan.send(LoadFailed("".join(traceback.format_exception_only(type(exc), exc)).strip(), stage="import"))
         return
+    if any(t.is_async for t in defs):
+        # Only then: asyncio costs ~30 ms of every worker start. Imported here, before the
+        # per-call zygote forks, so that its children do not each import it again.
+        import asyncio  # noqa: F401
     chan.send(Ready(os.getpid(), _tool_specs(defs), layers=layers, missing=missing))
     if init.describe_only:
         return
