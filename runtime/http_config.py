@@ -69,6 +69,11 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     max_header_bytes: int = 16 * 1024
     #: POST requests being handled at once across all clients (long-lived streams not counted).
     max_concurrent_requests: int = 1024
+    #: Open client connections at once; more are answered 503 and closed.
+    max_connections: int = 4096
+    #: The HTTP server: "h1" (toolcell's lean HTTP/1.1 loop around the httptools/llhttp parser,
+    #: the default and the fast path) or "hypercorn" (adds HTTP/2; ~10x the CPU per request).
+    engine: str = "h1"
     #: Concurrent streams on one HTTP/2 connection (HTTP/1.1 is one at a time by nature).
     max_requests_per_connection: int = 32
     max_sessions: int = 10_000
@@ -94,6 +99,8 @@ def check_http_config(cfg: HttpConfig) -> list[str]:
     problems: list[str] = []
     if not cfg.path.startswith("/") or any(c in cfg.path for c in "?# "):
         problems.append("http.path must be an absolute path like /mcp")
+    if cfg.engine not in ("h1", "hypercorn"):
+        problems.append(f"http.engine {cfg.engine!r}: use h1 or hypercorn")
     seen: set[str] = set()
     for i, tok in enumerate(cfg.tokens):
         if not _HEX64.match(tok.sha256):
@@ -111,7 +118,7 @@ def check_http_config(cfg: HttpConfig) -> list[str]:
             problems.append(f"http.{name}: per_s must be > 0 and burst >= 1")
     positive = {
         "max_body_bytes": cfg.max_body_bytes, "max_header_bytes": cfg.max_header_bytes,
-        "max_concurrent_requests": cfg.max_concurrent_requests,
+        "max_concurrent_requests": cfg.max_concurrent_requests, "max_connections": cfg.max_connections,
         "max_requests_per_connection": cfg.max_requests_per_connection, "max_sessions": cfg.max_sessions,
         "max_streams": cfg.max_streams, "idle_timeout_s": cfg.idle_timeout_s, "body_timeout_s": cfg.body_timeout_s,
         "write_timeout_s": cfg.write_timeout_s, "session_idle_s": cfg.session_idle_s, "keepalive_s": cfg.keepalive_s,

@@ -703,8 +703,6 @@ async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int]
     """Serve ``cfg.path`` on ``listen`` (TCP) and/or ``unix`` until ``shutdown`` is set, then stop
     gracefully: no new connections, long-lived streams ended, in-flight requests given
     ``shutdown_grace_s`` to finish. ``task_status.started`` gets the endpoint URLs."""
-    import hypercorn.trio
-
     check_exposure(cfg, listen)
     sockets: list[socket.socket] = []
     try:
@@ -733,8 +731,15 @@ async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int]
             nursery.start_soon(app.housekeeping)
 
             async def run(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-                await hypercorn.trio.serve(cast(Any, app), hypercorn_config(cfg, sockets), shutdown_trigger=trigger,
-                                           task_status=task_status)
+                if cfg.engine == "hypercorn":
+                    import hypercorn.trio
+
+                    await hypercorn.trio.serve(cast(Any, app), hypercorn_config(cfg, sockets), shutdown_trigger=trigger,
+                                               task_status=task_status)
+                else:
+                    from runtime.transports.h1 import H1Server
+
+                    await H1Server(app, cfg).serve(sockets, trigger, task_status=task_status)
                 nursery.cancel_scope.cancel()
 
             await nursery.start(run)
