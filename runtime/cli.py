@@ -88,12 +88,21 @@ def _permissions(plugin: Any) -> str:
     if plugin.manifest is None:
         return "-"
     p = plugin.manifest.permissions
-    parts = [f"net:{','.join(p.network)}" if p.network else "net:none"]
+    # A network grant is only ever reachable through the daemon's egress proxy (runtime.egress).
+    parts = [f"net(proxied):{','.join(p.network)}" if p.network else "net:none"]
     if p.read:
         parts.append(f"read:{','.join(p.read)}")
     if p.write:
         parts.append(f"write:{','.join(p.write)}")
     return " ".join(parts)
+
+
+def _limits(plugin: Any) -> str:
+    if plugin.manifest is None:
+        return "-"
+    lim = plugin.manifest.limits
+    return (f"timeout {lim.timeout_s:g}s, mem {lim.memory_mb}MB, cpu {lim.cpu_s}s, procs {lim.max_processes}, "
+            f"conc {lim.max_concurrency}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -116,8 +125,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             status += f" ({len(p.conflicts)} conflicts)"
         version = p.manifest.version if p.manifest else "?"
         prow.append([p.name, version, status, str(len(p.entries)), p.manifest.isolation if p.manifest else "-",
-                     _permissions(p)])
-    print(table(prow, ["PLUGIN", "VERSION", "STATUS", "TOOLS", "MODE", "PERMISSIONS"]))
+                     _limits(p), _permissions(p)])
+    print(table(prow, ["PLUGIN", "VERSION", "STATUS", "TOOLS", "MODE", "LIMITS", "PERMISSIONS"]))
     for p in plugins:
         for problem in p.problems + p.conflicts:
             print(f"  {p.name}: {problem}", file=sys.stderr)
@@ -137,6 +146,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if p.ok:
             print(f"{p.name} {p.manifest.version if p.manifest else ''}: ok, {len(p.entries)} tools "
                   f"(layers: {', '.join(p.layers) or 'none'}; permissions: {_permissions(p)})")
+            print(f"  limits: {_limits(p)}")
             for e in p.entries:
                 print(f"  {e.name}")
         else:

@@ -15,13 +15,14 @@ Example::
     cpu_s = 10
     max_concurrency = 4
     max_output_bytes = 1048576
+    max_processes = 64           # processes + threads of a worker, itself included (4..4096)
 
     [env]
     allow = ["TZ"]               # variables copied from the daemon's environment
     set = { LANG = "C.UTF-8" }   # fixed values
 
     [permissions]
-    network = ["api.example.com:443"]
+    network = ["api.example.com:443"]   # only through the daemon's egress proxy (runtime.egress_rules)
     read = ["/usr/share/zoneinfo"]
     write = []
 """
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import msgspec
 
+from runtime.egress_rules import parse_entry
 from sandbox.wire import Limits, Permissions
 
 MANIFEST_NAME = "plugin.toml"
@@ -42,6 +44,11 @@ _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Variables a manifest can never copy in: they change how the interpreter itself behaves.
 _ENV_FORBIDDEN = re.compile(r"^(PYTHON.*|LD_.*)$")
+
+
+#: Bounds of ``limits.max_processes``.
+MIN_PROCESSES = 4
+MAX_PROCESSES = 4096
 
 
 class EnvSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -95,6 +102,8 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
         ("max_open_files", lim.max_open_files, 16, 65536),
         ("max_file_size_mb", lim.max_file_size_mb, 1, 1 << 20),
         ("max_queue", lim.max_queue, 0, 1 << 20),
+        # a worker is two processes (its reaper outside the pid namespace, and pid 1) before any fork
+        ("max_processes", lim.max_processes, MIN_PROCESSES, MAX_PROCESSES),
     ):
         if not (low <= value <= high):
             problems.append(f"limits.{field} = {value}: must be between {low} and {high}")
@@ -104,9 +113,10 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
         elif _ENV_FORBIDDEN.match(var):
             problems.append(f"env: {var!r} may not be passed to a plugin")
     for entry in m.permissions.network:
-        host, _, port = entry.rpartition(":")
-        if not host or not port.isdigit() or not (0 < int(port) < 65536):
-            problems.append(f"permissions.network {entry!r}: use host:port")
+        try:
+            parse_entry(entry)
+        except ValueError as exc:
+            problems.append(f"permissions.network: {exc} (use host:port, *.domain:port, an IP or [IPv6]:port)")
     for kind, paths in (("read", m.permissions.read), ("write", m.permissions.write)):
         for p in paths:
             if not p.startswith("/"):

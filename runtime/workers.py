@@ -41,6 +41,8 @@ import psutil
 import trio
 
 import sandbox
+from runtime import egress
+from runtime.egress_rules import Grant
 from runtime.logs import log
 from sandbox.isolation import cgroups
 from runtime.manifest import Manifest
@@ -185,7 +187,7 @@ class Worker:
     """One worker process and its IPC socket (used raw: trio only waits for readiness)."""
 
     __slots__ = ("proc", "raw", "buf", "pid", "ready", "dead", "scratch", "max_frame", "calls", "layers",
-                 "output_tail", "exited", "pending", "out", "out_wake", "sending", "token")
+                 "output_tail", "exited", "pending", "out", "out_wake", "sending", "token", "egress", "fds")
 
     def __init__(self, proc: trio.Process, raw: socket.socket, scratch: str, max_frame: int) -> None:
         self.proc = proc
@@ -207,6 +209,17 @@ class Worker:
         self.out_wake = trio.Event()
         self.sending = False
         self.token = ""
+        #: Cancels this worker's egress proxy (``runtime.egress``), if its plugin has a network grant.
+        self.egress: trio.CancelScope | None = None
+        #: File descriptors that came over the IPC socket during start-up (only the egress listener is kept).
+        self.fds: list[int] = []
+
+    def close_fds(self) -> None:
+        while self.fds:
+            try:
+                os.close(self.fds.pop())
+            except OSError:
+                pass
 
     def write(self, data: bytes) -> bool:
         """Send ``data`` now if the socket takes it, else leave it to the writer task.
@@ -228,7 +241,7 @@ class Worker:
         self.out_wake.set()
         return True
 
-    async def read_message(self) -> Any:
+    async def read_message(self, with_fds: bool = False) -> Any:
         """The next frame (used only during start-up, before the reader task runs).
 
         ``Ready`` carries every tool definition, so it is capped by the protocol-wide frame limit,
@@ -243,13 +256,19 @@ class Worker:
                     return wire.from_worker_decoder.decode(frames[0])
                 except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, ValueError):
                     raise WorkerFailure("garbage", "the worker sent a malformed frame") from None
-            data = await self.recv()
+            data = await self.recv(with_fds)
             self.buf += data
 
-    async def recv(self) -> bytes:
+    async def recv(self, with_fds: bool = False) -> bytes:
+        """Some bytes; ``with_fds`` also keeps passed file descriptors in ``fds`` (a plain ``recv`` makes
+        the kernel discard them)."""
         while True:
             try:
-                data = self.raw.recv(1 << 18)
+                if with_fds:
+                    data, fds, _, _ = socket.recv_fds(self.raw, 1 << 18, 4)
+                    self.fds += fds
+                else:
+                    data = self.raw.recv(1 << 18)
             except (BlockingIOError, InterruptedError):
                 try:
                     await trio.lowlevel.wait_readable(self.raw)
@@ -320,6 +339,8 @@ class WorkerPool:
         self.in_flight = 0
         self._next_call_id = 0
         self._max_frame = self.limits.max_output_bytes + _FRAME_OVERHEAD
+        #: The plugin's network grant, enforced by each worker's egress proxy (the manifest check parsed it).
+        self.grant = Grant.parse(spec.manifest.permissions.network)
         self._watch_wake = trio.Event()
         self._watch_at = float("inf")
         self._watchdog_started = False
@@ -383,7 +404,10 @@ class WorkerPool:
             if not worker.write(wire.encode_frame(self._init_frame(scratch, token))):
                 raise WorkerFailure("crashed", "the worker process exited unexpectedly")
             with trio.fail_after(START_TIMEOUT_S):
-                msg = await worker.read_message()
+                msg = await worker.read_message(with_fds=True)
+                if isinstance(msg, wire.EgressListener):
+                    self._start_egress(worker, msg)
+                    msg = await worker.read_message(with_fds=True)
         except BaseException as exc:
             if not isinstance(exc, (WorkerFailure, trio.TooSlowError, OSError)):
                 # Cancelled (daemon shutting down) or our bug: never leave the process behind.
@@ -397,13 +421,15 @@ class WorkerPool:
             if tail:
                 text += "; it printed: " + tail[-1500:]
             raise PluginLoadError("start", f"worker failed to start: {text}") from None
+        finally:
+            worker.close_fds()
         if isinstance(msg, wire.LoadFailed):
             self._discard(worker, kill=True)
             raise PluginLoadError(msg.stage, msg.error)
         if not isinstance(msg, wire.Ready):
             self._discard(worker, kill=True)
             raise PluginLoadError("start", "worker sent something other than Ready")
-        problem = self._check_layers(msg)
+        problem = self._check_layers(msg, worker)
         if problem:
             self._discard(worker, kill=True)
             raise PluginLoadError("isolation", problem)
@@ -421,10 +447,23 @@ class WorkerPool:
             self.nursery.start_soon(self._watchdog)
         return worker
 
-    def _check_layers(self, ready: wire.Ready) -> str | None:
-        from runtime.policy import check_layers
+    def _start_egress(self, worker: Worker, msg: wire.EgressListener) -> None:
+        """Serve the proxy socket the worker handed over (see ``runtime.egress``)."""
+        if not self.grant or worker.egress is not None:
+            raise WorkerFailure("garbage", "the worker sent an egress socket its plugin has no grant for")
+        try:
+            listener = egress.adopt_listener(worker.fds, msg.port)
+        except ValueError as exc:
+            raise WorkerFailure("garbage", str(exc)) from None
+        worker.egress = trio.CancelScope()
+        self.nursery.start_soon(egress.serve_proxy, listener, self.grant, self.name, worker.pid, worker.egress)
 
-        return check_layers(self.spec.policy, ready.layers, ready.missing, self.name)
+    def _check_layers(self, ready: wire.Ready, worker: Worker) -> str | None:
+        from runtime.policy import EGRESS_LAYER, check_layers
+
+        if EGRESS_LAYER in ready.layers and worker.egress is None:
+            return "the worker reported an egress proxy but handed over no socket"
+        return check_layers(self.spec.policy, ready.layers, ready.missing, self.name, network=bool(self.grant))
 
     async def start(self) -> wire.Ready:
         """Start the first worker (which reports the tools) and the rest of ``min_workers``."""
@@ -688,6 +727,8 @@ class WorkerPool:
                 LIVE_WORKER_TOKENS.discard(worker.token)
                 sweep_orphans()
         if first:
+            if worker.egress is not None:
+                worker.egress.cancel()
             worker.out_wake.set()
             try:
                 trio.lowlevel.notify_closing(worker.raw)

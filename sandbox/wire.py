@@ -9,6 +9,8 @@ Conversation:
 
 1. daemon -> worker: one ``Init`` frame (configuration travels over the fd, never argv or env).
 2. worker -> daemon: ``Ready`` (tools it found, isolation layers it actually applied) or ``LoadFailed``.
+   A worker whose plugin holds a network grant first sends one ``EgressListener`` frame, with its
+   proxy's listening socket attached (``SCM_RIGHTS``), before any plugin code runs.
 3. daemon -> worker: ``Call`` frames, possibly several in one write when the pool is saturated; the
    worker runs them one at a time, in order, and answers each with zero or more ``Progress`` / ``Log``
    frames followed by exactly one ``Result`` (results of a batch may arrive in one write). A
@@ -42,12 +44,15 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_open_files: int = 256
     max_file_size_mb: int = 64
     max_queue: int = 256
+    #: Processes and threads of the worker, itself included (cgroup ``pids.max``, RLIMIT_NPROC).
+    max_processes: int = 64
 
 
 class Permissions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What a plugin asked for in its manifest. Everything is denied unless listed."""
 
-    #: ``host:port`` entries the plugin may connect to (through the daemon's egress proxy).
+    #: ``host:port`` entries the plugin may connect to, only through the daemon's egress proxy
+    #: (``runtime.egress_rules`` says what an entry matches).
     network: list[str] = []
     #: Extra paths readable by the plugin.
     read: list[str] = []
@@ -120,6 +125,13 @@ class Ready(msgspec.Struct, tag="ready", frozen=True, array_like=True):
     missing: list[str] = []
 
 
+class EgressListener(msgspec.Struct, tag="egress", frozen=True, array_like=True):
+    """The worker's egress proxy socket (listening on 127.0.0.1:``port`` in its own network
+    namespace) rides along with this frame as ``SCM_RIGHTS``; the daemon accepts on it."""
+
+    port: int
+
+
 class LoadFailed(msgspec.Struct, tag="load_failed", frozen=True, array_like=True):
     error: str
     #: Where it failed: "isolation", "import", "definition".
@@ -150,7 +162,7 @@ class Result(msgspec.Struct, tag="result", frozen=True, array_like=True):
     traceback: Union[str, None] = None
 
 
-FromWorker = Union[Ready, LoadFailed, Progress, Log, Result]
+FromWorker = Union[Ready, LoadFailed, Progress, Log, Result, EgressListener]
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 

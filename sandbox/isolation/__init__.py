@@ -15,7 +15,10 @@ user namespace can only map the worker uid after it.
 1. hygiene, 2. rlimits, 4. cgroup (create + join, as root), 5a. namespaces (unshare, fork: this
 process continues as pid 1, its parent becomes a reaper; private mount view), 3. identity (drop to
 the worker uid), 5b. user namespace (map the worker uid, drop capabilities), 6. landlock,
-7. seccomp.
+7. seccomp. A plugin with a network grant adds ``egress`` right after 5a, while the worker still
+holds CAP_NET_ADMIN over its (empty) network namespace: ``lo`` up, a listener on 127.0.0.1 handed
+to the daemon, the proxy variables set; Landlock then allows TCP connects to that port only.
+Under ``none`` a grant is not enforced at all (the plugin shares the host's network).
 
 With namespaces on, the calling process returns from ``apply`` as pid 1 of a new pid namespace,
 i.e. as a *child* of the process the daemon spawned (see ``namespaces``). Never imports trio.
@@ -26,10 +29,13 @@ from __future__ import annotations
 import os
 import sys
 
-from sandbox.isolation import cgroups, hygiene, identity, landlock, namespaces, paths, rlimits, seccomp
+from sandbox.isolation import cgroups, egress, hygiene, identity, landlock, namespaces, paths, rlimits, seccomp
 from sandbox.wire import Init
 
 LAYERS = ("hygiene", "rlimits", "identity", "cgroup", "namespaces", "landlock", "seccomp")
+#: Reported (after ``LAYERS``) only by a worker whose plugin holds a network grant: its own network
+#: namespace with only ``lo``, and its proxy socket handed to the daemon (see ``egress``).
+EGRESS = "egress"
 POLICIES = ("strict", "compat", "none")
 
 #: Why each missing layer is missing, from the last ``apply`` in this process (for logs and tests).
@@ -65,7 +71,8 @@ def apply(init: Init) -> tuple[list[str], list[str]]:
         missing[layer] = reason
 
     scratch = os.path.realpath(init.scratch_dir) if init.scratch_dir else ""
-    hygiene.apply(scratch, hygiene.find_ipc_fd())
+    ipc_fd = hygiene.find_ipc_fd()
+    hygiene.apply(scratch, ipc_fd)
     applied.add("hygiene")
     rlimits.apply(init.limits)
     applied.add("rlimits")
@@ -84,19 +91,19 @@ def apply(init: Init) -> tuple[list[str], list[str]]:
     ident = identity.target(worker_pid)
 
     try:
-        cgroups.create_and_join(worker_pid, init.limits.memory_mb, rlimits.PIDS_MAX)
+        cgroups.create_and_join(worker_pid, init.limits.memory_mb, init.limits.max_processes)
         applied.add("cgroup")
     except OSError as exc:
         fail("cgroup", _why(exc))
 
-    network = list(init.permissions.network)
+    network = bool(init.permissions.network)
     entered: namespaces.Entered | None = None
     ns_err = ""
     try:
         if root:
-            entered = namespaces.enter(ident, net=not network)
+            entered = namespaces.enter(ident, net=True)
         else:
-            entered = namespaces.enter_unprivileged(net=not network)
+            entered = namespaces.enter_unprivileged(net=True)
         namespaces.build_view(allow, scratch, ident if root else None,
                               tmp_size_mb=max(init.limits.memory_mb, 16), cover_blocked=root)
         namespaces.set_hostname()
@@ -104,6 +111,21 @@ def apply(init: Init) -> tuple[list[str], list[str]]:
         ns_err = _why(exc)
         if entered is None or strict:
             fail("namespaces", ns_err)
+
+    proxy_port = 0
+    if network:
+        try:
+            if entered is not None:
+                egress.loopback_up()
+            proxy_port = egress.hand_over(ipc_fd)
+            egress.set_proxy_env(proxy_port)
+            if entered is not None:
+                applied.add(EGRESS)
+            else:
+                fail(EGRESS, "no network namespace: the plugin shares the host's network; only Landlock "
+                     "(TCP connects to the proxy port) keeps it from dialling out directly")
+        except OSError as exc:
+            fail(EGRESS, f"egress proxy set-up: {_why(exc)} (the plugin has no network)")
 
     if root:
         blocker = None if (entered and not ns_err) else identity.reachable([*allow.host_paths(), scratch], ident)
@@ -114,7 +136,7 @@ def apply(init: Init) -> tuple[list[str], list[str]]:
                 if not (entered and not ns_err):
                     identity.chown_scratch(scratch, ident)
                 identity.drop(ident, alive_fd=entered.alive_fd if entered else None)
-                rlimits.apply_nproc()
+                rlimits.apply_nproc(init.limits.max_processes)
                 applied.add("identity")
             except OSError as exc:
                 fail("identity", _why(exc))
@@ -147,7 +169,7 @@ def apply(init: Init) -> tuple[list[str], list[str]]:
             allow,
             extra_read=("/proc",) if pid_ns else (),
             extra_write=tuple(p for p in (scratch, "/tmp", "/dev/shm") if p),
-            network=tuple(network),
+            connect_ports=(proxy_port,) if proxy_port else (),
         )
         applied.add("landlock")
     except OSError as exc:
@@ -157,7 +179,7 @@ def apply(init: Init) -> tuple[list[str], list[str]]:
         fail("seccomp", seccomp_err)
     else:
         try:
-            seccomp.build_and_load(allow_inet=bool(network))
+            seccomp.build_and_load(allow_inet=bool(proxy_port))
             applied.add("seccomp")
         except OSError as exc:
             fail("seccomp", _why(exc))
@@ -165,8 +187,8 @@ def apply(init: Init) -> tuple[list[str], list[str]]:
     last_reasons.update(missing)
     for layer, reason in missing.items():
         print(f"toolcell isolation ({policy}): layer {layer} missing: {reason}", file=sys.stderr, flush=True)
-    return _ordered(applied), [m for m in LAYERS if m in missing]
+    return _ordered(applied), [m for m in (*LAYERS, EGRESS) if m in missing]
 
 
 def _ordered(layers: set[str]) -> list[str]:
-    return [name for name in LAYERS if name in layers]
+    return [name for name in (*LAYERS, EGRESS) if name in layers]

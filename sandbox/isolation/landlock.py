@@ -5,7 +5,7 @@ handles every right the running kernel's ABI knows, so anything not granted by a
 
 * ABI 1: file read/write/exec/make/remove; ABI 2: REFER (cross-dir rename/link); ABI 3: TRUNCATE;
   ABI 5: IOCTL_DEV.
-* ABI 4: TCP bind and connect (denied, except connect to the ports of a network grant).
+* ABI 4: TCP bind and connect (denied, except connect to the worker's egress proxy port).
 * ABI 6: scoping: no abstract unix socket connections and no signals outside the domain.
 
 Landlock applies to the calling thread (trap 4) and its future children; the worker is single-threaded.
@@ -126,21 +126,12 @@ def _restrict(ruleset: int) -> None:
         os.close(ruleset)
 
 
-def grant_ports(network: list[str]) -> list[int]:
-    ports = []
-    for entry in network:
-        _, _, port = entry.rpartition(":")
-        if port.isdigit() and 0 < int(port) < 65536:
-            ports.append(int(port))
-    return sorted(set(ports))
-
-
 def apply(
     allow: Allowlist,
     *,
     extra_read: tuple[str, ...] = (),
     extra_write: tuple[str, ...] = (),
-    network: tuple[str, ...] = (),
+    connect_ports: tuple[int, ...] = (),
 ) -> int:
     """Restrict this thread (and its future children). Returns the ABI version used."""
     abi = abi_version()
@@ -164,7 +155,7 @@ def apply(
         for p in [*allow.write, *extra_write]:
             _add_path(ruleset, p, write_rights)
         if net:
-            for port in grant_ports(list(network)):
+            for port in sorted(set(connect_ports)):
                 _add_port(ruleset, port, NET_CONNECT_TCP)
     except BaseException:
         os.close(ruleset)

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from sandbox.isolation import LAYERS, cgroups, identity, landlock, namespaces, paths, rlimits, seccomp, syscalls
+from sandbox.isolation import LAYERS, cgroups, egress, identity, landlock, namespaces, paths, rlimits, seccomp, syscalls
 from sandbox.wire import Init, Limits, Permissions
 
 Outcome = tuple[bool, str, str]
@@ -157,6 +157,7 @@ def probe_namespaces(report: int) -> str:
     # From here on this is pid 1 of the new namespace; the forked parent mirrors our exit status.
     namespaces.build_view(allow, scratch, ident if root else None, tmp_size_mb=16, cover_blocked=root)
     namespaces.set_hostname()
+    egress.loopback_up()  # a plugin with a network grant needs lo for its proxy socket
     if root:
         identity.drop(ident, alive_fd=entered.alive_fd)
         namespaces.enter_user_ns(ident)
@@ -164,7 +165,7 @@ def probe_namespaces(report: int) -> str:
         syscalls.drop_all_capabilities()
     if os.getpid() != 1:
         raise OSError("not pid 1 after entering the pid namespace")
-    return "user, mount, pid, net, ipc, uts, cgroup; private /proc, /tmp, /dev/shm, scratch"
+    return "user, mount, pid, net (lo only), ipc, uts, cgroup; private /proc, /tmp, /dev/shm, scratch"
 
 
 def probe_landlock(_: int) -> str:

@@ -6,7 +6,8 @@ import resource
 
 from sandbox.wire import Limits
 
-#: Processes (and threads) a worker may have: cgroup ``pids.max`` and, for a non-root uid, NPROC.
+#: Default processes (and threads) of a worker (``Limits.max_processes``): cgroup ``pids.max`` and,
+#: for a worker uid of its own, NPROC.
 PIDS_MAX = 64
 #: RLIMIT_AS counts virtual memory (arenas, thread stacks, mapped libraries): keep it a loose backstop.
 AS_SLACK_MB = 512
