@@ -25,6 +25,7 @@ import errno
 import ipaddress
 import os
 import socket
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ MAX_TUNNEL_BYTES = 1 << 30
 MAX_CONNECTIONS = 32
 #: Resolved addresses tried per request, in order.
 MAX_ADDRESSES = 4
-RECV_BYTES = 64 * 1024
+RECV_BYTES = 256 * 1024
 OWN_TTL_S = 1.0
 
 _PHRASES = {200: b"Connection established", 400: b"Bad Request", 403: b"Forbidden", 408: b"Request Timeout",
@@ -123,19 +124,15 @@ def _scan_own() -> Own:
 class _OwnCache:
     at = -float("inf")
     value = Own()
-    lock: trio.Lock | None = None
 
 
 async def own_sockets() -> Own:
     """The daemon's listening sockets and local addresses (rescanned at most every ``OWN_TTL_S``)."""
-    if _OwnCache.lock is None:
-        _OwnCache.lock = trio.Lock()
-    async with _OwnCache.lock:
-        now = trio.current_time()
-        if now - _OwnCache.at > OWN_TTL_S:
-            _OwnCache.value = await trio.to_thread.run_sync(_scan_own)
-            _OwnCache.at = trio.current_time()
-        return _OwnCache.value
+    if time.monotonic() - _OwnCache.at > OWN_TTL_S:
+        # A burst of requests may scan more than once; harmless, and no lock outlives a trio run.
+        _OwnCache.value = await trio.to_thread.run_sync(_scan_own)
+        _OwnCache.at = time.monotonic()
+    return _OwnCache.value
 
 
 # -- one connection -----------------------------------------------------------------------------------
@@ -186,7 +183,8 @@ async def _next_event(conn: h11.Connection, stream: trio.SocketStream) -> object
         event = conn.next_event()
         if event is not h11.NEED_DATA:
             return event
-        conn.receive_data(await stream.receive_some(RECV_BYTES))
+        # Small reads: a head over MAX_HEAD_BYTES is refused (431) before much of it is buffered.
+        conn.receive_data(await stream.receive_some(MAX_HEAD_BYTES))
 
 
 def _absolute_http(target: bytes) -> tuple[str, int, bytes, str]:

@@ -633,6 +633,23 @@ def test_compat_runs_a_granted_worker_without_egress_with_no_network_and_says_so
     assert not out(w, "direct_tcp", host="127.0.0.1", port=host_listener)["ok"]
 
 
+NO_NAMESPACES = ("import sandbox.isolation.namespaces as _ns\n"
+                 "def _nope(*a, **k):\n    raise OSError(1, 'test: no namespaces')\n"
+                 "_ns.enter = _ns.enter_unprivileged = _nope")
+
+
+def test_compat_without_namespaces_proxies_from_the_host_network_guarded_by_landlock_and_says_so(
+        egress_worker: Callable[..., EgressWorker], require: Any, host_listener: int) -> None:
+    require("landlock", "seccomp")
+    w = egress_worker("compat", prelude=NO_NAMESPACES, permissions=Permissions(network=[f"127.0.0.1:{host_listener}"]))
+    ready = w.ready()
+    assert type(ready).__name__ == "Ready", ready
+    assert "namespaces" in ready.missing and "egress" in ready.missing and "egress" not in ready.layers
+    assert w.listener is not None and out(w, "env")["HTTPS_PROXY"] == f"http://127.0.0.1:{w.egress_port}"
+    got = out(w, "direct_tcp", host="127.0.0.1", port=host_listener)
+    assert not got["ok"] and "Permission denied" in got["detail"], got
+
+
 def test_an_ungranted_worker_gets_no_proxy_and_no_inet_sockets(
         egress_worker: Callable[..., EgressWorker], require: Any, host_listener: int) -> None:
     require(*LAYERS)
