@@ -26,8 +26,11 @@ import math
 import os
 import resource
 import select
+import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +39,8 @@ from urllib.parse import urlsplit
 import msgspec
 
 import mcpwire
+import procstats
+from loadgen import LoadResult
 
 READ_CHUNK = 256 * 1024
 
@@ -392,6 +397,96 @@ def measure(config: HttpLoadConfig) -> HttpLoadResult:
         p50_ms=round(percentile(lat, 0.50), 3), p90_ms=round(percentile(lat, 0.90), 3),
         p99_ms=round(percentile(lat, 0.99), 3), max_ms=round(lat[-1], 3) if lat else math.nan,
         errors=result.errors, statuses=result.statuses, client_cpu_s=round(cpu, 3))
+
+
+class HttpServer:
+    """A server process started for one run: ``argv`` with ``{port}`` replaced by a free port."""
+
+    def __init__(self, argv: Sequence[str], cwd: str | None = None) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.argv = [a.replace("{port}", str(self.port)) for a in argv]
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self.argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=self.stderr)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stderr_tail(self, max_bytes: int = 2000) -> str:
+        self.stderr.seek(0, os.SEEK_END)
+        size = self.stderr.tell()
+        self.stderr.seek(max(0, size - max_bytes))
+        return self.stderr.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
+
+
+def measure_server(argv: Sequence[str], url_template: str, config: HttpLoadConfig,
+                   cwd: str | None = None) -> LoadResult:
+    """Start ``argv`` (``{port}`` filled in), measure its endpoint, stop it: one ``LoadResult``
+    with the server tree's CPU and memory, comparable with stdio runs (``benchmarks/run.py``)."""
+    t0 = time.perf_counter()
+    server = HttpServer(argv, cwd) if argv else None  # no command: a server that is already running
+    url = url_template.replace("{port}", str(server.port)) if server is not None else url_template
+    config = msgspec.structs.replace(config, url=url)
+    conns: list[Conn] = []
+    try:
+        endpoint = Endpoint(url, config.token)
+        try:
+            session = open_session(endpoint, config)
+        except (HttpError, OSError) as exc:
+            if server is not None and server.proc.poll() is not None:
+                raise HttpError(f"server exited with {server.proc.returncode}: {server.stderr_tail()}") from exc
+            raise
+        ready_s = time.perf_counter() - t0
+        plan = Plan(endpoint, config, session)
+        for _ in range(config.concurrency):
+            conns.append(Conn(endpoint.connect()))
+        check_call(conns[0].sock, plan)
+        time.sleep(0.3)
+        pid = server.pid if server is not None else -1
+        rss_idle = procstats.memory_snapshot(pid)
+        cpu_before = procstats.cpu_snapshot(pid)
+        client0 = _client_cpu_s()
+        start = time.perf_counter_ns()
+        record_from = start + int(config.warmup_s * 1e9)
+        state = drive(plan, conns, config.warmup_s + config.seconds, record_from)
+        end = time.perf_counter_ns()
+        cpu_after = procstats.cpu_snapshot(pid)
+        rss_loaded = procstats.memory_snapshot(pid)
+        client_cpu = _client_cpu_s() - client0
+    finally:
+        for c in conns:
+            c.sock.close()
+        if server is not None:
+            server.stop()
+    total_s = (end - start) / 1e9
+    window_s = (end - record_from) / 1e9
+    lat = sorted(state.latencies_ns)
+    calls = len(lat)
+    answered = sum(state.statuses.values())
+    cpu_s = procstats.cpu_delta_s(cpu_before, cpu_after)
+    bad = {k: v for k, v in state.statuses.items() if k != "200"}
+    return LoadResult(
+        concurrency=config.concurrency, modern=config.modern, duration_s=window_s, calls=calls,
+        calls_per_s=calls / window_s if window_s > 0 else 0.0,
+        p50_ms=percentile(lat, 0.50) / 1e6, p90_ms=percentile(lat, 0.90) / 1e6, p99_ms=percentile(lat, 0.99) / 1e6,
+        max_ms=(lat[-1] if lat else 0) / 1e6, mean_ms=(sum(lat) / calls / 1e6) if calls else 0.0,
+        errors=state.errors, lost=0, unexpected=0, error_sample=f"HTTP statuses {bad}" if bad else None,
+        server_cpu_s=cpu_s, server_cpu_us_per_call=cpu_s / answered * 1e6 if answered else 0.0,
+        server_cpu_pct=100.0 * cpu_s / total_s, client_cpu_pct=100.0 * client_cpu / total_s, ready_s=ready_s,
+        request_bytes=len(plan.request(1)), rss_idle=rss_idle, rss_loaded=rss_loaded)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,8 @@ opens a session, warms up, measures for ``--seconds`` and stops the server.
     python benchmarks/run.py --servers sdk --seconds 2 --repeat 1 --concurrency 1,16
     python benchmarks/run.py --target "npx -y @modelcontextprotocol/server-everything" --tool echo \\
         --args '{"message": "hi"}'                             # aim it at any MCP stdio server
+    python benchmarks/run.py --http --concurrency 16           # Streamable HTTP: toolcell vs the SDK
+    python benchmarks/run.py --http --target "mysrv --port {port}" --target "other=http://10.0.0.5:9000/mcp"
 
 See benchmarks/README.md for what is measured.
 """
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -25,6 +28,7 @@ import msgspec
 
 import report
 import targets
+import http_loadgen
 from loadgen import LoadConfig, measure
 from report import Run
 from stdio_peer import ServerError
@@ -50,8 +54,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="[NAME=]CMD",
-        help="any MCP stdio server command to benchmark too (repeatable)",
+        help="any MCP stdio server command to benchmark too (repeatable); with --http: a command with {port} "
+        "in it (served at http://127.0.0.1:{port}/mcp, see --path) or the URL of a running server",
     )
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="Streamable HTTP instead of stdio: C keep-alive connections, one call in flight on each",
+    )
+    parser.add_argument("--path", default="/mcp", help="endpoint path of --http --target commands")
     parser.add_argument("--concurrency", type=_int_list, default=[1, 16, 128], help="calls in flight, e.g. 1,16,128")
     parser.add_argument("--repeat", type=int, default=3, help="runs per point (the median is reported)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per run")
@@ -111,8 +122,14 @@ def run_all(servers: Sequence[targets.Target], args: argparse.Namespace) -> list
             warmup_s=args.warmup,
         )
         try:
-            result = measure(srv.argv, config, cwd=srv.cwd)
-        except (ServerError, OSError) as exc:
+            if srv.url is not None:
+                hconfig = http_loadgen.HttpLoadConfig(
+                    url=srv.url, tool=args.tool, arguments=args.arguments, modern=args.modern, concurrency=c,
+                    seconds=args.seconds, warmup_s=args.warmup, token=targets.BENCH_TOKEN)
+                result = http_loadgen.measure_server(srv.argv, srv.url, hconfig, cwd=srv.cwd)
+            else:
+                result = measure(srv.argv, config, cwd=srv.cwd)
+        except (ServerError, http_loadgen.HttpError, OSError) as exc:
             message = str(exc).strip()
             runs.append(Run(srv.name, c, rep, error=message))
             if not any(r.server == srv.name and r.result for r in runs):
@@ -133,8 +150,9 @@ def run_all(servers: Sequence[targets.Target], args: argparse.Namespace) -> list
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: resolve servers, run, print the table, optionally write JSON."""
     args = parse_args(argv)
+    config_dir = tempfile.mkdtemp(prefix="toolcell-bench-") if args.http else None
     try:
-        servers = targets.resolve(args.server_names, args.target, args.plugins)
+        servers = targets.resolve(args.server_names, args.target, args.plugins, config_dir, args.path)
     except ValueError as exc:
         print(f"run.py: {exc}", file=sys.stderr)
         return 2
@@ -150,8 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [s.name for s in servers]
     rows = report.summarise(runs, names, args.concurrency)
     era = "2026-07-28 (_meta, no handshake)" if args.modern else "2025-06-18 (initialize handshake)"
+    transport = "Streamable HTTP (keep-alive connections, one call in flight on each)" if args.http else "stdio"
     heading = (
-        f"tools/call {args.tool} over stdio, {era}; median of {args.repeat} x {args.seconds:g} s "
+        f"tools/call {args.tool} over {transport}, {era}; median of {args.repeat} x {args.seconds:g} s "
         f"after {args.warmup:g} s warm-up; spread = half the min-max range of calls/s"
     )
     if args.markdown:

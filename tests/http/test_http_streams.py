@@ -9,9 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 import trio
 from http_harness import drop_plugin, make_plugins, open_http
 from httpkit import ACCEPT_BOTH, LEGACY, modern_body, modern_headers
+
+# Both HTTP engines run the same app: toolcell's lean HTTP/1.1 loop (the default) and hypercorn.
+pytestmark = pytest.mark.parametrize("engine", ["h1", "hypercorn"])
 
 SUB_ID = "io.modelcontextprotocol/subscriptionId"
 
@@ -51,9 +55,9 @@ def _listen(notifications: dict[str, bool], id: Any) -> tuple[bytes, dict[str, s
             modern_headers("subscriptions/listen"))
 
 
-async def test_list_changed_reaches_the_get_stream_and_only_the_listen_streams_that_asked(tmp_path: Path) -> None:
+async def test_list_changed_reaches_the_get_stream_and_only_the_listen_streams_that_asked(tmp_path: Path, engine: str) -> None:
     plugins = make_plugins(tmp_path / "plugins")
-    async with open_http(plugins, tmp_path / "state", keepalive_s=0.2) as srv:  # noqa: SIM117
+    async with open_http(plugins, tmp_path / "state", engine=engine, keepalive_s=0.2) as srv:  # noqa: SIM117
         async with httpx2.AsyncClient(timeout=10) as client:
             sid = await _initialize(client, srv.url)
             get_headers = {"accept": "text/event-stream", "mcp-session-id": sid, "mcp-protocol-version": LEGACY}
@@ -85,9 +89,9 @@ async def test_list_changed_reaches_the_get_stream_and_only_the_listen_streams_t
             assert all(not t["name"].startswith("b_") for t in r.json()["result"]["tools"])
 
 
-async def test_shutdown_finishes_in_flight_calls_and_ends_listen_streams_with_their_result(tmp_path: Path) -> None:
+async def test_shutdown_finishes_in_flight_calls_and_ends_listen_streams_with_their_result(tmp_path: Path, engine: str) -> None:
     plugins = make_plugins(tmp_path / "plugins")
-    async with open_http(plugins, tmp_path / "state", shutdown_grace_s=5.0) as srv:  # noqa: SIM117
+    async with open_http(plugins, tmp_path / "state", engine=engine, shutdown_grace_s=5.0) as srv:  # noqa: SIM117
         async with httpx2.AsyncClient(timeout=10) as client:
             body, headers = _listen({"toolsListChanged": True}, "L")
             results: dict[str, Any] = {}
@@ -117,9 +121,9 @@ async def test_shutdown_finishes_in_flight_calls_and_ends_listen_streams_with_th
                 pass
 
 
-async def test_concurrency_session_and_stream_caps_answer_503(tmp_path: Path) -> None:
+async def test_concurrency_session_and_stream_caps_answer_503(tmp_path: Path, engine: str) -> None:
     plugins = make_plugins(tmp_path / "plugins")
-    async with open_http(plugins, tmp_path / "state", max_concurrent_requests=1, max_sessions=1,  # noqa: SIM117
+    async with open_http(plugins, tmp_path / "state", engine=engine, max_concurrent_requests=1, max_sessions=1,  # noqa: SIM117
                          max_streams=1) as srv:
         async with httpx2.AsyncClient(timeout=10) as client:
             async def slow() -> None:
@@ -144,9 +148,9 @@ async def test_concurrency_session_and_stream_caps_answer_503(tmp_path: Path) ->
                 assert get.status_code == 503
 
 
-async def test_idle_sessions_are_forgotten(tmp_path: Path) -> None:
+async def test_idle_sessions_are_forgotten(tmp_path: Path, engine: str) -> None:
     plugins = make_plugins(tmp_path / "plugins")
-    async with open_http(plugins, tmp_path / "state", session_idle_s=0.3) as srv:  # noqa: SIM117
+    async with open_http(plugins, tmp_path / "state", engine=engine, session_idle_s=0.3) as srv:  # noqa: SIM117
         async with httpx2.AsyncClient(timeout=10) as client:
             sid = await _initialize(client, srv.url)
             headers = {"mcp-session-id": sid, "accept": ACCEPT_BOTH}

@@ -1,0 +1,344 @@
+"""toolcell's HTTP/1.1 engine (``runtime.transports.h1``) on raw sockets, with small ASGI apps.
+
+What a server must get right whatever the app does: keep-alive and pipelining in order, chunked
+bodies both ways, ``Expect: 100-continue``, HEAD, HTTP/1.0 and ``Connection: close``, the
+header caps (including one header line that never ends), malformed requests never reaching the
+app, an app that raises or tries to inject a header, client disconnects reaching the app,
+timeouts, the connection cap and a graceful stop.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from runtime.http_config import HttpConfig
+from runtime.transports.h1 import H1Server
+
+# -- a small ASGI app ---------------------------------------------------------------------------
+
+
+class App:
+    """Echo the request (method, path, query, body) as the response body; a few special paths."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.disconnected = trio.Event()
+        self.release = trio.Event()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.calls += 1
+        path = scope["path"]
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        if path == "/boom":
+            raise ValueError("app bug")
+        if path == "/inject":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"x-evil", b"a\r\nset-cookie: stolen=1")]})
+            await send({"type": "http.response.body", "body": b"never"})
+            return
+        if path == "/wait-disconnect":
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected.set()
+            return
+        if path == "/slow":
+            await self.release.wait()
+        if path == "/stream":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+            for part in (b"one,", b"two,", b"three"):
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        out = b"%s %s ?%s [%s]" % (scope["method"].encode(), scope["raw_path"], scope["query_string"], body)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out})
+
+
+class Server:
+    def __init__(self, port: int, app: App, stop: trio.Event, server: H1Server) -> None:
+        self.port = port
+        self.app = app
+        self.stop = stop
+        self.server = server
+
+
+@asynccontextmanager
+async def running(**cfg: Any) -> AsyncIterator[Server]:
+    config = HttpConfig(**cfg)
+    app = App()
+    server = H1Server(app, config)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve, [sock], stop.wait)
+        try:
+            yield Server(sock.getsockname()[1], app, stop, server)
+        finally:
+            stop.set()
+
+
+class Client:
+    """A raw connection that reads whole responses (Content-Length or chunked framing)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buf = b""
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def _fill(self) -> bool:
+        chunk = await self.stream.receive_some(65536)
+        self.buf += chunk
+        return bool(chunk)
+
+    async def response(self, is_head: bool = False) -> tuple[int, dict[bytes, bytes], bytes]:
+        with trio.fail_after(5):
+            while b"\r\n\r\n" not in self.buf:
+                if not await self._fill():
+                    raise EOFError(f"closed before a response head: {self.buf!r}")
+            head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            status = int(lines[0].split(b" ")[1])
+            headers: dict[bytes, bytes] = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(b":")
+                assert name.lower() not in headers, f"duplicate header {name!r}"
+                headers[name.lower()] = value.strip()
+            if status < 200 or is_head:
+                return status, headers, b""
+            if headers.get(b"transfer-encoding") == b"chunked":
+                body = b""
+                while True:
+                    while b"\r\n" not in self.buf:
+                        assert await self._fill(), "closed inside a chunked body"
+                    size_line, _, rest = self.buf.partition(b"\r\n")
+                    size = int(size_line, 16)
+                    while len(rest) < size + 2:
+                        assert await self._fill(), "closed inside a chunk"
+                        size_line, _, rest = self.buf.partition(b"\r\n")
+                    body += rest[:size]
+                    self.buf = rest[size + 2:]
+                    if size == 0:
+                        return status, headers, body
+            length = int(headers.get(b"content-length", b"0"))
+            while len(self.buf) < length:
+                assert await self._fill(), "closed inside a body"
+            body, self.buf = self.buf[:length], self.buf[length:]
+            return status, headers, body
+
+    async def closed(self) -> bool:
+        """True when the server closes the connection (EOF) within 5 s."""
+        with trio.move_on_after(5):
+            try:
+                while await self._fill():
+                    pass
+            except trio.BrokenResourceError:
+                pass
+            return True
+        return False
+
+
+@asynccontextmanager
+async def client(srv: Server) -> AsyncIterator[Client]:
+    stream = await trio.open_tcp_stream("127.0.0.1", srv.port)
+    async with stream:
+        yield Client(stream)
+
+
+def post(path: bytes, body: bytes, *extra: bytes) -> bytes:
+    head = [b"POST " + path + b" HTTP/1.1", b"Host: localhost", b"Content-Length: %d" % len(body), *extra]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+# -- keep-alive, pipelining, bodies -------------------------------------------------------------
+
+
+async def test_keep_alive_and_pipelined_requests_are_answered_in_order() -> None:
+    async with running() as srv, client(srv) as c:
+        await c.send(post(b"/a?x=1", b"first"))
+        status, headers, body = await c.response()
+        assert (status, body) == (200, b"POST /a ?x=1 [first]")
+        assert b"date" in headers and b"connection" not in headers
+        # Three requests in one write: three responses, in order, on the same connection.
+        await c.send(post(b"/b", b"2") + post(b"/c", b"3") + b"GET /d HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert [(await c.response())[2] for _ in range(3)] == [b"POST /b ? [2]", b"POST /c ? [3]", b"GET /d ? []"]
+        assert srv.app.calls == 4
+
+
+async def test_chunked_request_body_is_reassembled_and_streamed_responses_are_chunked() -> None:
+    async with running() as srv, client(srv) as c:
+        await c.send(b"POST /e HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"5\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\n\r\n")
+        assert (await c.response())[2] == b"POST /e ? [hello world]"
+        await c.send(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, body = await c.response()
+        assert headers[b"transfer-encoding"] == b"chunked" and b"content-length" not in headers
+        assert body == b"one,two,three"
+        # The connection is still usable after a streamed response.
+        await c.send(post(b"/f", b"ok"))
+        assert (await c.response())[2] == b"POST /f ? [ok]"
+
+
+async def test_expect_100_continue_gets_the_interim_response_before_the_body_is_sent() -> None:
+    async with running() as srv, client(srv) as c:
+        await c.send(b"POST /g HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        status, _, _ = await c.response()
+        assert status == 100
+        await c.send(b"body")
+        assert (await c.response())[2] == b"POST /g ? [body]"
+
+
+async def test_head_http10_and_connection_close() -> None:
+    async with running() as srv:
+        async with client(srv) as c:
+            await c.send(b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, headers, body = await c.response(is_head=True)
+            assert status == 200 and body == b"" and int(headers[b"content-length"]) > 0
+            await c.send(post(b"/after-head", b""))
+            assert (await c.response())[2] == b"POST /after-head ? []"
+        async with client(srv) as c:
+            await c.send(b"GET /old HTTP/1.0\r\n\r\n")
+            status, headers, body = await c.response()
+            assert body == b"GET /old ? []" and headers[b"connection"] == b"close"
+            assert await c.closed()
+        async with client(srv) as c:
+            await c.send(post(b"/bye", b"", b"Connection: close"))
+            assert (await c.response())[1][b"connection"] == b"close"
+            assert await c.closed()
+
+
+# -- bad input never reaches the app ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GARBAGE\r\n\r\n",
+    b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc",
+    b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"GET /x HTTP/1.1\r\nHost: x\r\nBad Header: \x00\r\n\r\n",
+    b"GET /x HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n",
+])
+async def test_malformed_requests_get_400_and_the_app_never_runs(request_bytes: bytes) -> None:
+    async with running() as srv, client(srv) as c:
+        await c.send(request_bytes)
+        status, headers, _ = await c.response()
+        assert status == 400 and headers[b"connection"] == b"close"
+        assert await c.closed()
+        assert srv.app.calls == 0
+
+
+async def test_header_caps_answer_431_even_for_a_header_line_that_never_ends() -> None:
+    async with running(max_header_bytes=4096) as srv:
+        async with client(srv) as c:
+            await c.send(b"GET / HTTP/1.1\r\nHost: x\r\nX-Filler: " + b"a" * 5000 + b"\r\n\r\n")
+            assert (await c.response())[0] == 431
+        async with client(srv) as c:
+            many = b"".join(b"X-%d: 1\r\n" % i for i in range(300))
+            await c.send(b"GET / HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")
+            assert (await c.response())[0] == 431
+        async with client(srv) as c:
+            # One header value growing forever: the server must stop reading and answer, not buffer it.
+            await c.send(b"GET / HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+            status = None
+            with trio.move_on_after(10):
+                try:
+                    for _ in range(400):  # up to 10 MiB
+                        await c.send(b"a" * 26214)
+                except (trio.BrokenResourceError, OSError):
+                    pass
+                status = (await c.response())[0]
+            assert status == 431
+        assert srv.app.calls == 0
+
+
+async def test_an_app_that_raises_gets_500_and_one_that_injects_a_header_is_refused() -> None:
+    async with running() as srv:
+        async with client(srv) as c:
+            await c.send(post(b"/boom", b""))
+            assert (await c.response())[0] == 500
+            assert await c.closed()
+        async with client(srv) as c:
+            await c.send(post(b"/inject", b""))
+            status, headers, body = await c.response()
+            assert status == 500 and b"set-cookie" not in headers and body != b"never"
+        async with client(srv) as c:  # and the server goes on serving
+            await c.send(post(b"/fine", b"1"))
+            assert (await c.response())[2] == b"POST /fine ? [1]"
+
+
+async def test_h2c_upgrade_is_answered_over_http11_and_the_connection_closes() -> None:
+    async with running() as srv, client(srv) as c:
+        await c.send(b"GET /up HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+                     b"HTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n")
+        status, headers, body = await c.response()
+        assert (status, body) == (200, b"GET /up ? []") and headers[b"connection"] == b"close"
+        assert await c.closed()
+
+
+# -- disconnects, timeouts, caps, stop ----------------------------------------------------------
+
+
+async def test_a_client_disconnect_reaches_the_app() -> None:
+    async with running() as srv:
+        async with client(srv) as c:
+            await c.send(post(b"/wait-disconnect", b"x"))
+            await trio.sleep(0.1)
+        with trio.fail_after(5):
+            await srv.app.disconnected.wait()
+
+
+async def test_idle_connections_close_and_a_slow_head_gets_408() -> None:
+    async with running(idle_timeout_s=0.3) as srv:
+        async with client(srv) as c:
+            await c.send(post(b"/a", b""))
+            await c.response()
+            assert await c.closed()  # idle after the response: closed by the keep-alive timeout
+        async with client(srv) as c:
+            await c.send(b"POST /slow-loris HTTP/1.1\r\nHost: x\r\n")  # and never the rest of the head
+            status, headers, _ = await c.response()
+            assert status == 408 and headers[b"connection"] == b"close"
+        assert srv.app.calls == 1
+
+
+async def test_connections_over_the_cap_get_503() -> None:
+    async with running(max_connections=2) as srv, client(srv) as a, client(srv) as b:
+        await a.send(post(b"/1", b""))
+        await b.send(post(b"/2", b""))
+        await a.response()
+        await b.response()
+        async with client(srv) as c:
+            status, _, body = await c.response()
+            assert status == 503 and b"too many connections" in body
+
+
+async def test_graceful_stop_finishes_the_request_in_flight_and_closes_idle_connections() -> None:
+    async with running(shutdown_grace_s=5) as srv, client(srv) as busy, client(srv) as idle:
+        await idle.send(post(b"/warm", b""))
+        await idle.response()
+        await busy.send(post(b"/slow", b"x"))
+        await trio.sleep(0.1)
+        srv.stop.set()
+        assert await idle.closed()
+        srv.app.release.set()
+        status, headers, body = await busy.response()
+        assert (status, body) == (200, b"POST /slow ? [x]") and headers[b"connection"] == b"close"
+        assert await busy.closed()
+        with pytest.raises(OSError):
+            await trio.open_tcp_stream("127.0.0.1", srv.port)
