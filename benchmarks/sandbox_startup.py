@@ -5,10 +5,16 @@ new session, scratch dir as cwd), on a one-tool plugin written to a temp dir, an
 
 * start-up: spawn -> ``Ready`` received (median and p90 of N runs), per policy;
 * idle memory of a ready worker's whole process tree (RSS and PSS, from /proc/<pid>/smaps_rollup);
-* ``per_call`` mode: sequential calls per second of a trivial tool (one fork per call);
-* pooled mode: sequential calls per second, for contrast.
+* calls/s and latency (p50, p99) of a trivial tool at concurrency 1 and 16 (median of ``--repeat``
+  runs, configurations interleaved), with the worker tree's CPU per call:
+  - one worker driven directly over its IPC socket (``per_call`` strict and none, pooled strict);
+  - the daemon's own ``WorkerPool`` (trio; up to ``max_concurrency`` = 4 workers, i.e. zygotes in
+    ``per_call`` mode), ``per_call`` strict beside pooled strict;
+* ``--profile``: the zygote's per-phase timings of N sequential ``per_call`` calls
+  (``TOOLCELL_ZYGOTE_PROFILE=1``, reported on the worker's stderr).
 
-Usage: ``python benchmarks/sandbox_startup.py [--runs 20] [--calls 1000] [--json]``.
+Usage: ``python benchmarks/sandbox_startup.py [--runs 20] [--calls 1000] [--seconds 3] [--repeat 3]
+[--concurrency 1,16] [--skip-startup] [--profile] [--json]``.
 Not a test; records its environment with the numbers.
 """
 
@@ -34,7 +40,7 @@ REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 sys.path.insert(0, REPO_ROOT)
 
 from sandbox.isolation import cgroups
-from sandbox.wire import Call, Init, Limits, Permissions, encode_frame, from_worker_decoder, split_frames
+from sandbox.wire import Call, Init, Limits, Permissions, Shutdown, encode_frame, from_worker_decoder, split_frames
 
 PLUGIN = """
 from sandbox import tool
@@ -52,7 +58,8 @@ def _site_dirs() -> list[str]:
 
 
 class Worker:
-    def __init__(self, plugin_dir: str, policy: str, mode: str) -> None:
+    def __init__(self, plugin_dir: str, policy: str, mode: str, env: dict[str, str] | None = None,
+                 stderr: bool = False) -> None:
         self.scratch = tempfile.mkdtemp(prefix="toolcell-bench-")
         parent, child = socket.socketpair()
         code = f"import sys; sys.path[:0]={[REPO_ROOT, *_site_dirs()]!r}; from sandbox.worker import main; main(3)"
@@ -60,13 +67,15 @@ class Worker:
         self.t0 = time.perf_counter()
         self.proc = subprocess.Popen(
             [os.path.realpath(sys.executable), "-I", "-S", "-c", code],
-            pass_fds=[3], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, env={"PATH": "/usr/bin:/bin"}, cwd=self.scratch,
+            pass_fds=[3], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE if stderr else subprocess.DEVNULL,
+            start_new_session=True, env={"PATH": "/usr/bin:/bin", **(env or {})}, cwd=self.scratch,
             preexec_fn=None if fd == 3 else (lambda: os.dup2(fd, 3)),  # noqa: PLW1509 (single-threaded)
         )
         child.close()
         self.sock = parent
         self.buf = bytearray()
+        self.frames: list[bytes] = []
         self.sock.sendall(encode_frame(Init(
             plugin_name="bench", plugin_dir=plugin_dir, entry="bench_plugin", sys_path=[], env={},
             limits=Limits(), permissions=Permissions(), policy=policy, scratch_dir=self.scratch, mode=mode,
@@ -75,10 +84,9 @@ class Worker:
     def recv(self, timeout_s: float = 10.0) -> Any:
         deadline = time.monotonic() + timeout_s
         while True:
-            frames = split_frames(self.buf)
-            if frames:
-                assert len(frames) == 1
-                return from_worker_decoder.decode(frames[0])
+            self.frames += split_frames(self.buf)
+            if self.frames:
+                return from_worker_decoder.decode(self.frames.pop(0))
             r, _, _ = select.select([self.sock], [], [], max(deadline - time.monotonic(), 0))
             if not r:
                 raise TimeoutError
@@ -87,15 +95,20 @@ class Worker:
                 raise EOFError
             self.buf += chunk
 
-    def close(self) -> None:
+    def send_call(self, call_id: int) -> None:
+        self.sock.sendall(encode_frame(Call(call_id, "echo", {"text": "x"})))
+
+    def close(self) -> str:
+        """Kill the worker's tree, clean up; returns what it wrote on stderr (if captured)."""
         try:
             os.killpg(self.proc.pid, 9)
         except OSError:
             pass
-        self.proc.wait(timeout=5)
+        err = self.proc.communicate(timeout=5)[1] if self.proc.stderr else b""
         cgroups.cleanup(self.proc.pid)
         self.sock.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
+        return (err or b"").decode(errors="replace")
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -160,65 +173,230 @@ def bench_startup(plugin_dir: str, policies: tuple[str, ...], runs: int) -> list
     return out
 
 
-def bench_calls(plugin_dir: str, policy: str, mode: str, calls: int, chunk: int = 200) -> dict[str, int]:
-    """Sequential calls/s: overall, and the best chunk of ``chunk`` calls (the machine may be shared)."""
-    w = Worker(plugin_dir, policy, mode)
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a worker's tree: each process's own time plus what it reaped (per-call children)."""
+    tck = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in tree_pids(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15]) / tck
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def _pct(sorted_ms: list[float], q: float) -> float:
+    return round(sorted_ms[min(int(len(sorted_ms) * q), len(sorted_ms) - 1)], 3) if sorted_ms else 0.0
+
+
+def bench_direct(plugin_dir: str, policy: str, mode: str, calls: int, concurrency: int,
+                 env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One worker driven over its IPC socket with ``concurrency`` calls outstanding (pipelined)."""
+    w = Worker(plugin_dir, policy, mode, env=env)
     try:
         w.recv()
         for i in range(20):  # warm-up
-            w.sock.sendall(encode_frame(Call(i, "echo", {"text": "x"})))
+            w.send_call(i)
             w.recv()
-        best = 0.0
-        start = t = time.perf_counter()
-        for i in range(calls):
-            w.sock.sendall(encode_frame(Call(100 + i, "echo", {"text": "x"})))
+        lat: list[float] = []
+        sent: dict[int, float] = {}
+        next_id = 100
+        cpu0, t0, own0 = tree_cpu_s(w.proc.pid), time.perf_counter(), _own_cpu_s()
+        while len(lat) < calls:
+            while len(sent) < concurrency and next_id < 100 + calls:
+                sent[next_id] = time.perf_counter()
+                w.send_call(next_id)
+                next_id += 1
             res = w.recv()
-            assert res.id == 100 + i and not res.is_error, res
-            if (i + 1) % chunk == 0:
-                now = time.perf_counter()
-                best = max(best, chunk / (now - t))
-                t = now
-        return {"overall": round(calls / (time.perf_counter() - start)), "best_chunk": round(best)}
+            assert not res.is_error, res
+            lat.append((time.perf_counter() - sent.pop(res.id)) * 1000)
+        elapsed = time.perf_counter() - t0
+        cpu = tree_cpu_s(w.proc.pid) - cpu0
+        own = _own_cpu_s() - own0
+        lat.sort()
+        return {"calls_per_s": round(calls / elapsed), "p50_ms": _pct(lat, 0.5), "p99_ms": _pct(lat, 0.99),
+                "worker_cpu_us_per_call": round(cpu / calls * 1e6), "driver_cpu_us_per_call": round(own / calls * 1e6)}
     finally:
         w.close()
 
 
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+async def _pool_run(plugin_dir: str, state_dir: str, policy: str, mode: str, concurrency: int,
+                    seconds: float) -> dict[str, Any]:
+    import trio
+
+    from runtime.manifest import Manifest
+    from runtime.workers import PoolSpec, WorkerPool
+
+    manifest = Manifest(name="bench", version="0", entry="bench_plugin", isolation=mode)
+    lat: list[float] = []
+    errors = 0
+    async with trio.open_nursery() as nursery:
+        pool = WorkerPool(PoolSpec(manifest, plugin_dir, policy, state_dir), nursery)
+        await pool.start()
+
+        async def caller(until: float, record: bool) -> None:
+            nonlocal errors
+            while time.perf_counter() < until:
+                t = time.perf_counter()
+                try:
+                    res = await pool.run("echo", {"text": "x"}, False, -1, None)
+                    ok = not res.is_error
+                except Exception:  # noqa: BLE001 (counted, the run goes on)
+                    ok = False
+                if record:
+                    lat.append((time.perf_counter() - t) * 1000)
+                    errors += not ok
+
+        async with trio.open_nursery() as warm:  # lets the pool start the workers this load needs
+            for _ in range(concurrency):
+                warm.start_soon(caller, time.perf_counter() + 1.0, False)
+        pids = [w.pid for w in pool.workers]
+        cpu0, own0, t0 = sum(tree_cpu_s(p) for p in pids), _own_cpu_s(), time.perf_counter()
+        async with trio.open_nursery() as run:
+            for _ in range(concurrency):
+                run.start_soon(caller, t0 + seconds, True)
+        elapsed = time.perf_counter() - t0
+        cpu = sum(tree_cpu_s(p) for p in pids) - cpu0
+        own = _own_cpu_s() - own0
+        workers = len(pool.workers)
+        await pool.aclose(grace_s=0)
+        nursery.cancel_scope.cancel()
+    lat.sort()
+    n = max(len(lat), 1)
+    return {"calls_per_s": round(len(lat) / elapsed), "p50_ms": _pct(lat, 0.5), "p99_ms": _pct(lat, 0.99),
+            "errors": errors, "workers": workers, "worker_cpu_us_per_call": round(cpu / n * 1e6),
+            "daemon_cpu_us_per_call": round(own / n * 1e6)}
+
+
+def bench_pool(plugin_dir: str, policy: str, mode: str, concurrency: int, seconds: float) -> dict[str, Any]:
+    """The daemon's own ``WorkerPool`` (trio, as ``toolcell serve`` uses it) under ``concurrency`` callers."""
+    import trio
+
+    from runtime import logs
+
+    logs.configure("error")
+    state_dir = tempfile.mkdtemp(prefix="toolcell-bench-state-")
+    os.chmod(state_dir, 0o711)
+    try:
+        return trio.run(_pool_run, plugin_dir, state_dir, policy, mode, concurrency, seconds)
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _median_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Field-wise median of repeated runs, plus the calls/s of each run (its spread)."""
+    out: dict[str, Any] = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs]
+        out[key] = statistics.median(values) if all(isinstance(v, (int, float)) for v in values) else values[-1]
+    out["runs_calls_per_s"] = [r["calls_per_s"] for r in runs]
+    return out
+
+
+def _versions() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    out: dict[str, Any] = {"kernel": platform.release(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                           "euid": os.geteuid()}
+    for dist in ("msgspec", "trio", "psutil"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = None
+    try:
+        out["git"] = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out["git"] = None
+    return out
+
+
+def profile_per_call(plugin_dir: str, calls: int) -> str:
+    """Run ``calls`` sequential per_call/strict calls with the zygote's phase timers on; return its report."""
+    w = Worker(plugin_dir, "strict", "per_call", env={"TOOLCELL_ZYGOTE_PROFILE": "1"}, stderr=True)
+    try:
+        w.recv()
+        for i in range(calls):
+            w.send_call(i)
+            w.recv()
+        w.sock.sendall(encode_frame(Shutdown()))
+        try:
+            w.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    finally:
+        err = w.close()
+    return err
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--runs", type=int, default=20, help="start-ups per policy")
+    ap.add_argument("--calls", type=int, default=1000, help="calls per direct (one worker) run")
+    ap.add_argument("--seconds", type=float, default=3.0, help="length of each pool run")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per configuration (medians are reported)")
+    ap.add_argument("--concurrency", default="1,16")
+    ap.add_argument("--skip-startup", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="print the zygote's per-phase timings and exit")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
     plugin_dir = tempfile.mkdtemp(prefix="toolcell-bench-plugin-")
     os.chmod(plugin_dir, 0o755)
     Path(plugin_dir, "bench_plugin.py").write_text(PLUGIN)
     try:
-        report: dict[str, Any] = {
-            "env": {
-                "kernel": platform.release(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                "euid": os.geteuid(), "loadavg_at_start": os.getloadavg()[0],
-            },
-            "startup": bench_startup(plugin_dir, ("none", "strict"), args.runs),
-            "calls_per_s": {
-                f"{mode}/{policy}": bench_calls(plugin_dir, policy, mode, args.calls)
-                for mode in ("per_call", "pooled") for policy in ("none", "strict")
-            },
-        }
+        if args.profile:
+            print(profile_per_call(plugin_dir, args.calls))
+            return 0
+        report: dict[str, Any] = {"env": {**_versions(), "loadavg_at_start": os.getloadavg()}}
+        if not args.skip_startup:
+            report["startup"] = bench_startup(plugin_dir, ("none", "strict"), args.runs)
+        direct: dict[str, list[dict[str, Any]]] = {}
+        pool: dict[str, list[dict[str, Any]]] = {}
+        for _ in range(args.repeat):  # configurations interleaved run by run: a busy neighbour hits them alike
+            for c in levels:
+                for mode, policy in (("per_call", "strict"), ("per_call", "none")):
+                    direct.setdefault(f"{mode}/{policy} c={c}", []).append(
+                        bench_direct(plugin_dir, policy, mode, args.calls, c))
+                direct.setdefault(f"pooled/strict c={c}", []).append(
+                    bench_direct(plugin_dir, "strict", "pooled", args.calls * 20, c))
+                for mode in ("per_call", "pooled"):
+                    pool.setdefault(f"{mode}/strict c={c}", []).append(
+                        bench_pool(plugin_dir, "strict", mode, c, args.seconds))
+        report["direct"] = {k: _median_runs(v) for k, v in direct.items()}
+        report["pool"] = {k: _median_runs(v) for k, v in pool.items()}
+        report["env"]["loadavg_at_end"] = os.getloadavg()
     finally:
         shutil.rmtree(plugin_dir, ignore_errors=True)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     env = report["env"]
-    print(f"kernel {env['kernel']}, Python {env['python']}, {env['cpus']} CPUs, euid {env['euid']}, "
-          f"load average {env['loadavg_at_start']:.2f} at start")
-    print(f"{'policy':8} {'ready ms: min':>13} {'median':>7} {'p90':>7} {'idle RSS KiB':>13} {'idle PSS KiB':>13}  layers")
-    for s in report["startup"]:
-        print(f"{s['policy']:8} {s['startup_ms_min']:>13} {s['startup_ms_median']:>7} {s['startup_ms_p90']:>7} "
-              f"{s['idle_rss_kb_tree']:>13} "
-              f"{s['idle_pss_kb_tree']:>13}  {','.join(s['layers'])}")
-    for k, v in report["calls_per_s"].items():
-        print(f"{k:18} {v['overall']:>8} calls/s overall, {v['best_chunk']:>8} best {200}-call chunk")
+    print(f"git {env['git']}, kernel {env['kernel']}, Python {env['python']}, msgspec {env['msgspec']}, "
+          f"trio {env['trio']}, psutil {env['psutil']}, {env['cpus']} CPUs, euid {env['euid']}, load average "
+          f"{env['loadavg_at_start'][0]:.2f} at start, {env['loadavg_at_end'][0]:.2f} at end")
+    if "startup" in report:
+        print(f"{'policy':8} {'ready ms: min':>13} {'median':>7} {'p90':>7} {'idle RSS KiB':>13} "
+              f"{'idle PSS KiB':>13}  layers")
+        for s in report["startup"]:
+            print(f"{s['policy']:8} {s['startup_ms_min']:>13} {s['startup_ms_median']:>7} {s['startup_ms_p90']:>7} "
+                  f"{s['idle_rss_kb_tree']:>13} {s['idle_pss_kb_tree']:>13}  {','.join(s['layers'])}")
+    for title, rows, side in (("one worker, driven over its IPC socket", report["direct"], "driver"),
+                              ("the daemon's WorkerPool (trio)", report["pool"], "daemon")):
+        print(f"\n{title} (median of {args.repeat}):")
+        print(f"{'mode/policy c':22} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'worker CPU us/call':>19} "
+              f"{side + ' CPU us/call':>19}  runs")
+        for k, v in rows.items():
+            print(f"{k:22} {v['calls_per_s']:>8} {v['p50_ms']:>8} {v['p99_ms']:>8} {v['worker_cpu_us_per_call']:>19} "
+                  f"{v[side + '_cpu_us_per_call']:>19}  {v['runs_calls_per_s']}"
+                  + (f" errors {v['errors']}" if v.get("errors") else ""))
     return 0
 
 
