@@ -7,16 +7,24 @@ rewrites ``mut`` every ``--interval`` seconds, adding one tool each time. Report
 
 * calls answered, failed (JSON-RPC error or ``isError``) and lost (sent but never answered);
 * for each modification, the time from the file write to the ``notifications/tools/list_changed``
-  line reaching the client (median and max), and how many notifications arrived.
+  line reaching the client (median and max), and how many notifications arrived;
+* where that time went (medians, from the daemon's log): ``watch`` (write -> the watcher fires),
+  ``scan`` (which folders changed), ``load`` (the new version's first worker spawned, isolated,
+  plugin imported, ``Ready`` checked), ``swap`` (catalog swap and notification queued); the rest
+  is the transport writing the line and the client reading it;
+* the environment: cores, load average, versions.
 
-Usage: ``python benchmarks/reload_bench.py [-c 32] [--changes 10] [--interval 1.0] [--policy strict]``
+Usage: ``python benchmarks/reload_bench.py [-c 32] [--changes 10] [--interval 1.0] [--policy strict]
+[--json FILE] [--keep-log FILE]``
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import platform
 import selectors
 import shutil
 import statistics
@@ -39,6 +47,41 @@ def write_mut(folder: Path, version: int) -> None:
     os.replace(tmp, folder / "mut.py")  # atomic, like an editor's save
 
 
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def breakdown(stderr_log: Path, writes_wall: list[float]) -> dict[str, float | None]:
+    """Where the time went, from the daemon's log (wall-clock ``ts``, ms resolution): write ->
+    watcher fires (``reload_requested``), the reload's own phases (``reload_done``: scan, load =
+    new worker started and Ready, swap), and reload done -> the client heard it (the remainder)."""
+    records = []
+    for line in stderr_log.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("event") in ("reload_requested", "reload_done"):
+            records.append(rec)
+    cols: dict[str, list[float]] = {"watch": [], "scan": [], "load": [], "swap": [], "reload": []}
+    for i, w in enumerate(writes_wall):
+        limit = writes_wall[i + 1] if i + 1 < len(writes_wall) else float("inf")
+        req = next((r for r in records if r["event"] == "reload_requested" and w - 0.001 <= r["ts"] < limit), None)
+        if req is None:
+            continue
+        done = next((r for r in records if r["event"] == "reload_done" and r["ts"] >= req["ts"] and r.get("changed")), None)
+        cols["watch"].append((req["ts"] - w) * 1000)
+        if done is not None:
+            cols["reload"].append((done["ts"] - req["ts"]) * 1000)
+            for key in ("scan", "load", "swap"):
+                if f"{key}_ms" in done:
+                    cols[key].append(done[f"{key}_ms"])
+    return {k: round(statistics.median(v), 1) if v else None for k, v in cols.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-c", "--concurrency", type=int, default=32)
@@ -46,6 +89,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between modifications")
     ap.add_argument("--policy", default="strict")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--keep-log", help="copy the daemon's log (JSON lines) here")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="toolcell-reload-bench-"))
@@ -111,6 +155,7 @@ def main() -> int:
         proc.stdin.write(b"".join(data))  # type: ignore[union-attr]
 
     writes: list[float] = []
+    writes_wall: list[float] = []
     heard: list[float] = []
     fire(args.concurrency)
     t0 = time.monotonic()
@@ -122,6 +167,7 @@ def main() -> int:
         if len(writes) < args.changes and now >= next_change:
             write_mut(mut, len(writes) + 1)
             writes.append(time.monotonic())
+            writes_wall.append(time.time())
             next_change += args.interval
             if len(writes) % progress_every == 0:
                 print(f"  change {len(writes)}/{args.changes} written; {answered} calls answered", file=sys.stderr)
@@ -168,6 +214,7 @@ def main() -> int:
         after = [h for h in heard if w <= h < limit]
         if after:
             latencies.append((after[0] - w) * 1000)
+    phases = breakdown(work / "stderr.log", writes_wall)
     result = {
         "concurrency": args.concurrency, "changes": len(writes), "policy": args.policy,
         "calls_answered": answered, "calls_failed": failed, "calls_lost": len(outstanding),
@@ -175,13 +222,18 @@ def main() -> int:
         "write_to_list_changed_ms": {"median": round(statistics.median(latencies), 1) if latencies else None,
                                      "max": round(max(latencies), 1) if latencies else None,
                                      "all": [round(x, 1) for x in latencies]},
+        "phases_ms_median": phases,
         "nproc": os.cpu_count(), "loadavg": os.getloadavg(),
+        "versions": {"python": platform.python_version(), "trio": _version("trio"), "watchfiles": _version("watchfiles"),
+                     "kernel": platform.release()},
     }
     print(json.dumps(result, indent=2))
     if failures:
         print("first failures:", *failures, sep="\n  ", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
+    if args.keep_log:
+        shutil.copyfile(work / "stderr.log", args.keep_log)
     shutil.rmtree(work, ignore_errors=True)
     ok = failed == 0 and not outstanding and len(latencies) == len(writes)
     return 0 if ok else 1

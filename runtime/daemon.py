@@ -7,20 +7,22 @@ changes with ``Daemon.subscribe``.
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import trio
 
 from runtime.config import Config
 from runtime.logs import log
 from runtime.plugins import Plugin, discover, load_plugin, resolve_conflicts
-from runtime.reload import fingerprint
 from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.core import Core, ToolCall
 from runtime.registry import Catalog
+from runtime.reload import fingerprint, stat_signature
 from runtime.workers import PoolBusy, WorkerFailure, become_subreaper
 from sandbox import wire
 
@@ -35,6 +37,11 @@ class Daemon:
         self.plugins: dict[str, Plugin] = {}
         self.failed: list[Plugin] = []
         self._reload_lock = trio.Lock()
+        #: Workers starting at once while loading: a folder of 200 plugins must not start 200 at once
+        #: (each would take 100 times longer to be Ready and could miss its start-up deadline).
+        self._load_limiter = trio.CapacityLimiter(max(8, 4 * (os.cpu_count() or 1)))
+        #: ``stat_signature`` of each plugin folder when it was last read (None: compare by content).
+        self._signatures: dict[Path, str | None] = {}
         #: Pools of replaced or removed plugin versions, finishing their in-flight calls.
         self._retiring: set[Any] = set()
         self.reloads = 0
@@ -49,13 +56,22 @@ class Daemon:
 
     # -- plugins and catalog -------------------------------------------------------------------
 
-    async def _load_paths(self, paths: list[Path], describe_only: bool = False) -> dict[Path, Plugin]:
+    async def _load_paths(self, paths: list[Path], describe_only: bool = False,
+                          prints: dict[Path, tuple[str | None, str]] | None = None) -> dict[Path, Plugin]:
+        """Load ``paths`` concurrently (at most ``_load_limiter`` workers starting at once).
+
+        A folder is fingerprinted *before* its worker imports it (``prints`` has those of a reload):
+        an edit landing during the load then differs from what was recorded, and the watcher's next
+        reload picks it up."""
         results: dict[Path, Plugin] = {}
 
         async def one(path: Path) -> None:
-            plugin = await load_plugin(path, self.nursery, self.config.policy, self.config.state_dir,
-                                       self.config.min_workers, describe_only)
-            plugin.fingerprint = fingerprint(path)
+            sig, print_ = (prints or {}).get(path) or (stat_signature(path), fingerprint(path))
+            async with self._load_limiter:
+                plugin = await load_plugin(path, self.nursery, self.config.policy, self.config.state_dir,
+                                           self.config.min_workers, describe_only)
+            plugin.fingerprint = print_
+            self._signatures[path] = sig
             results[path] = plugin
 
         async with trio.open_nursery() as n:
@@ -90,20 +106,44 @@ class Daemon:
         self.ready = True
         return ordered
 
+    def _changed(self, paths: list[Path], known: dict[Path, Plugin]) -> dict[Path, tuple[str | None, str]]:
+        """The folders whose content differs from the version known (new ones included), with their
+        stat signatures and fingerprints. A folder whose stat signature is unchanged is not read."""
+        changed: dict[Path, tuple[str | None, str]] = {}
+        for path in paths:
+            old = known.get(path)
+            sig = stat_signature(path)
+            if old is not None and sig is not None and self._signatures.get(path) == sig:
+                continue
+            print_ = fingerprint(path)
+            if old is not None and old.fingerprint == print_:
+                self._signatures[path] = sig  # touched, not changed
+                continue
+            changed[path] = (sig, print_)
+        return changed
+
     async def reload(self) -> bool:
-        """Bring the catalog in line with the plugin folders; returns True if the tool set changed."""
+        """Bring the catalog in line with the plugin folders; returns True if the tool set changed.
+
+        Only new, changed and removed plugins are touched: the others keep their pools and workers,
+        and their folders cost a few ``stat`` calls each."""
         async with self._reload_lock:
             self.reloads += 1
+            t0 = time.perf_counter()
             paths = discover(self.config.plugins)
             known: dict[Path, Plugin] = {p.path: p for p in list(self.plugins.values()) + self.failed}
-            changed = [path for path in paths if path not in known or known[path].fingerprint != fingerprint(path)]
-            removed = [p for path, p in known.items() if path not in set(paths)]
-            if not changed and not removed:
-                log("reload_done", changed=False, catalog_version=self.catalog.version)
+            prints = self._changed(paths, known)
+            on_disk = set(paths)
+            removed = [p for path, p in known.items() if path not in on_disk]
+            if not prints and not removed:
+                log("reload_done", changed=False, catalog_version=self.catalog.version,
+                    scan_ms=round((time.perf_counter() - t0) * 1000, 1))
                 return False
-            fresh = await self._load_paths(changed)
+            t1 = time.perf_counter()
+            fresh = await self._load_paths(list(prints), prints=prints)
+            t2 = time.perf_counter()
             retiring = []
-            for path in changed:
+            for path in prints:
                 new, old = fresh[path], known.get(path)
                 if not new.ok and old is not None and old.ok:
                     # Broken edit: keep serving the last good version, say why until it is fixed.
@@ -123,6 +163,7 @@ class Daemon:
                 if not self._admit(new):
                     self.reload_failures += 1
             for old in removed:
+                self._signatures.pop(old.path, None)
                 if old.ok:
                     self.plugins.pop(str(old.path), None)
                     if old.pool is not None:
@@ -134,7 +175,10 @@ class Daemon:
             for pool in retiring:
                 self._retiring.add(pool)
                 self.nursery.start_soon(self._retire, pool)
-            log("reload_done", changed=changed_tools, catalog_version=self.catalog.version, tools=len(self.catalog))
+            t3 = time.perf_counter()
+            log("reload_done", changed=changed_tools, catalog_version=self.catalog.version, tools=len(self.catalog),
+                loaded=len(prints), removed=len(removed), scan_ms=round((t1 - t0) * 1000, 1),
+                load_ms=round((t2 - t1) * 1000, 1), swap_ms=round((t3 - t2) * 1000, 1))
             return changed_tools
 
     async def _retire(self, pool: Any) -> None:

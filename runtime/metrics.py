@@ -111,6 +111,17 @@ class _Live:
             restarts.add_metric([name], getattr(pool, "restarts", 0))
             kills.add_metric([name], getattr(pool, "limit_kills", 0))
         yield from (queue, alive, restarts, kills)
+        reloads = CounterMetricFamily("toolcell_reloads", "Reloads of the plugin folders (watcher, SIGHUP, toolcell reload)")
+        reloads.add_metric([], daemon.reloads)
+        reload_failures = CounterMetricFamily("toolcell_reload_failures",
+                                              "Plugin versions that failed to load during a reload")
+        reload_failures.add_metric([], daemon.reload_failures)
+        failing = GaugeMetricFamily("toolcell_plugin_reload_failing",
+                                    "1 while the version of a plugin on disk fails to load (its last good version serves)",
+                                    labels=["plugin"])
+        for plugin in sorted(daemon.plugins.values(), key=lambda p: p.name):
+            failing.add_metric([plugin.name], 1 if plugin.reload_error else 0)
+        yield from (reloads, reload_failures, failing)
         busy = CounterMetricFamily("toolcell_busy_rejections", "Calls refused because a queue was full")
         busy.add_metric([], daemon.stats.get("busy", 0))
         yield busy

@@ -1,8 +1,9 @@
 """Hot reload seen by a real client: the official MCP SDK client over stdio, and the daemon in-process.
 
-Each step edits plugin files on disk while the client stays connected, waits (bounded) until the
-daemon logs that the reload triggered by that edit is done, then checks what the client received:
-exactly one ``notifications/tools/list_changed`` per effective change, none otherwise.
+Each step edits plugin files on disk while the client stays connected and checks what the client
+received: exactly one ``notifications/tools/list_changed`` per effective change (proven by the next
+one, as notifications arrive in order; the last step is a sentinel change), none for a touch or a
+broken edit (a bounded quiet wait after the daemon logged that their reload is done).
 """
 
 from __future__ import annotations
@@ -12,55 +13,15 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
-import pytest
 import trio
-from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from reload_harness import REPO, WAIT_S, Counter, LogWatch, write_plugin
 
 from runtime.config import Config
 from runtime.daemon import open_daemon
 from runtime.protocol.core import ConnState, ToolCall
-
-REPO = Path(__file__).resolve().parents[2]
-WAIT_S = 20.0
-
-
-def write_plugin(root: Path, name: str, tools: dict[str, str], extra: str = "") -> Path:
-    folder = root / name
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "plugin.toml").write_text(f'name = "{name}"\nversion = "1.0"\nentry = "{name}"\n')
-    body = ["from sandbox import tool", ""]
-    for tool_name, returns in tools.items():
-        body += ["@tool", f"def {tool_name}(x: int = 0) -> str:", f'    """Tool {tool_name}."""', f"    return {returns!r}", ""]
-    (folder / f"{name}.py").write_text("\n".join(body) + extra)
-    return folder
-
-
-class LogWatch:
-    """Reads the daemon's JSON log lines from its stderr file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        out = []
-        for line in self.path.read_text(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") == name:
-                out.append(rec)
-        return out
-
-    async def wait_for(self, name: str, count: int) -> list[dict[str, Any]]:
-        with trio.fail_after(WAIT_S):
-            while len(self.events(name)) < count:
-                await trio.sleep(0.05)
-        return self.events(name)
 
 
 async def test_an_sdk_client_hears_exactly_one_list_changed_per_effective_change(tmp_path: Path) -> None:
@@ -68,68 +29,68 @@ async def test_an_sdk_client_hears_exactly_one_list_changed_per_effective_change
     write_plugin(plugins, "alpha", {"a1": "one"})
     write_plugin(plugins, "beta", {"b1": "bee"})
     errlog = tmp_path / "stderr.log"
-    changes: list[Any] = []
-
-    async def on_message(message: Any) -> None:
-        if isinstance(getattr(message, "root", message), types.ToolListChangedNotification):
-            changes.append(message)
-
+    seen = Counter()
     params = StdioServerParameters(command=sys.executable, cwd=str(REPO),
                                    args=["-m", "runtime.cli", "serve", "--stdio", "--policy", "none",
                                          "--plugins", str(plugins)])
     logs = LogWatch(errlog)
-    with open(errlog, "w") as err:
-        async with stdio_client(params, errlog=err) as (read, write):
-            async with ClientSession(read, write, message_handler=on_message) as session:
+    with open(errlog, "w") as err:  # noqa: ASYNC230 (a local file, before anything runs)
+        async with stdio_client(params, errlog=err) as (read, write), \
+                ClientSession(read, write, message_handler=seen.handler) as session:
+            with trio.fail_after(WAIT_S):
+                init = await session.initialize()
+            assert init.capabilities.tools is not None and init.capabilities.tools.list_changed is True
+
+            async def names() -> list[str]:
                 with trio.fail_after(WAIT_S):
-                    init = await session.initialize()
-                assert init.capabilities.tools is not None and init.capabilities.tools.list_changed is True
+                    return [t.name for t in (await session.list_tools()).tools]
 
-                async def names() -> list[str]:
-                    with trio.fail_after(WAIT_S):
-                        return [t.name for t in (await session.list_tools()).tools]
+            async def effective(count: int) -> None:
+                # Notifications arrive in order: a duplicate of an earlier step would already be here.
+                await seen.reaches(count)
+                assert len(seen.seen) == count
 
-                async def step(expect_changes: int) -> None:
-                    done = len(logs.events("reload_done"))
-                    await logs.wait_for("reload_done", done + 1)
-                    with trio.fail_after(WAIT_S):
-                        while len(changes) < expect_changes:
-                            await trio.sleep(0.02)
-                    await trio.sleep(0.3)  # a duplicate notification would arrive by now
-                    assert len(changes) == expect_changes
+            assert await names() == ["a1", "b1"]
 
-                assert await names() == ["a1", "b1"]
+            write_plugin(plugins, "gamma", {"g1": "gee"})  # add
+            await effective(1)
+            assert await names() == ["a1", "b1", "g1"]
 
-                write_plugin(plugins, "gamma", {"g1": "gee"})  # add
-                await step(1)
-                assert await names() == ["a1", "b1", "g1"]
+            write_plugin(plugins, "alpha", {"a1": "one", "a2": "two"})  # modify
+            await effective(2)
+            assert await names() == ["a1", "a2", "b1", "g1"]
 
-                write_plugin(plugins, "alpha", {"a1": "one", "a2": "two"})  # modify
-                await step(2)
-                assert await names() == ["a1", "a2", "b1", "g1"]
+            done = len(logs.events("reload_done"))
+            module = plugins / "alpha" / "alpha.py"
+            module.write_text(module.read_text())  # touch only
+            await logs.wait_for("reload_done", done + 1)
+            assert logs.events("reload_done")[-1]["changed"] is False
+            await seen.stays_at(2)
 
-                (plugins / "alpha" / "alpha.py").write_text((plugins / "alpha" / "alpha.py").read_text())  # touch only
-                await step(2)
+            failed = len(logs.events("plugin_reload_failed"))
+            module.write_text("this is not python(\n")  # break
+            problems = (await logs.wait_for("plugin_reload_failed", failed + 1))[-1]["problems"]
+            assert "SyntaxError" in json.dumps(problems)
+            await seen.stays_at(2)
+            assert await names() == ["a1", "a2", "b1", "g1"]
+            with trio.fail_after(WAIT_S):
+                result = await session.call_tool("a2", {})
+            assert not result.is_error and result.content[0].text == "two"  # the last good version serves
 
-                (plugins / "alpha" / "alpha.py").write_text("this is not python(\n")  # break
-                await step(2)
-                failed = await logs.wait_for("plugin_reload_failed", 1)
-                assert "SyntaxError" in json.dumps(failed[-1]["problems"])
-                assert await names() == ["a1", "a2", "b1", "g1"]
-                with trio.fail_after(WAIT_S):
-                    result = await session.call_tool("a2", {})
-                assert not result.is_error and result.content[0].text == "two"  # the last good version serves
+            write_plugin(plugins, "alpha", {"a1": "one", "a3": "three"})  # fix (with a change)
+            await effective(3)
+            assert await names() == ["a1", "a3", "b1", "g1"]
+            with trio.fail_after(WAIT_S):
+                result = await session.call_tool("a3", {})
+            assert result.content[0].text == "three"
 
-                write_plugin(plugins, "alpha", {"a1": "one", "a3": "three"})  # fix (with a change)
-                await step(3)
-                assert await names() == ["a1", "a3", "b1", "g1"]
-                with trio.fail_after(WAIT_S):
-                    result = await session.call_tool("a3", {})
-                assert result.content[0].text == "three"
+            shutil.rmtree(plugins / "gamma")  # remove
+            await effective(4)
+            assert await names() == ["a1", "a3", "b1"]
 
-                shutil.rmtree(plugins / "gamma")  # remove
-                await step(4)
-                assert await names() == ["a1", "a3", "b1"]
+            write_plugin(plugins, "delta", {"d1": "dee"})  # sentinel: nothing more came for the removal
+            await effective(5)
+            assert await names() == ["a1", "a3", "b1", "d1"]
 
 
 async def test_calls_running_during_a_reload_finish_on_the_old_workers(tmp_path: Path) -> None:
