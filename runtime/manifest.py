@@ -15,7 +15,7 @@ Example::
     cpu_s = 10
     max_concurrency = 4
     max_output_bytes = 1048576
-    max_processes = 64           # processes + threads of a worker, itself included (4..4096)
+    max_processes = 64           # processes + threads of a worker, itself included (8..4096)
 
     [env]
     allow = ["TZ"]               # variables copied from the daemon's environment
@@ -47,7 +47,7 @@ _ENV_FORBIDDEN = re.compile(r"^(PYTHON.*|LD_.*)$")
 
 
 #: Bounds of ``limits.max_processes``.
-MIN_PROCESSES = 4
+MIN_PROCESSES = 8
 MAX_PROCESSES = 4096
 
 
@@ -102,7 +102,8 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
         ("max_open_files", lim.max_open_files, 16, 65536),
         ("max_file_size_mb", lim.max_file_size_mb, 1, 1 << 20),
         ("max_queue", lim.max_queue, 0, 1 << 20),
-        # a worker is two processes (its reaper outside the pid namespace, and pid 1) before any fork
+        # a worker is two processes (its reaper outside the pid namespace, and pid 1) before any fork;
+        # a per_call zygote keeps a relay and a warm call process besides the running one
         ("max_processes", lim.max_processes, MIN_PROCESSES, MAX_PROCESSES),
     ):
         if not (low <= value <= high):

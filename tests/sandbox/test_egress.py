@@ -34,7 +34,7 @@ from stdio_peer import text_of as peer_text
 
 from runtime import egress
 from runtime.egress_rules import Grant, Own, Refused, address_problem, parse_entry, vet
-from runtime.manifest import ManifestError, load_manifest
+from runtime.manifest import MIN_PROCESSES, ManifestError, load_manifest
 from runtime.policy import check_layers
 from sandbox.isolation import LAYERS
 from sandbox.wire import EgressListener, Limits, Permissions, from_worker_decoder, split_frames
@@ -235,8 +235,8 @@ def test_max_processes_defaults_to_64_and_is_read_from_the_manifest(tmp_path: Pa
 
 
 @pytest.mark.parametrize("body, fragment", [
-    ("[limits]\nmax_processes = 3\n", "limits.max_processes = 3: must be between 4 and 4096"),
-    ("[limits]\nmax_processes = 5000\n", "limits.max_processes = 5000: must be between 4 and 4096"),
+    ("[limits]\nmax_processes = 7\n", "limits.max_processes = 7: must be between 8 and 4096"),
+    ("[limits]\nmax_processes = 5000\n", "limits.max_processes = 5000: must be between 8 and 4096"),
     ('[limits]\nmax_processes = "many"\n', "Expected `int`"),
     ('[permissions]\nnetwork = ["example.com"]\n', "use host:port"),
     ('[permissions]\nnetwork = ["*.com:443"]\n', "wildcard"),
@@ -680,7 +680,7 @@ def test_the_smallest_max_processes_still_runs_pooled_and_per_call_workers(
         spawn: Callable[..., Worker], require: Any) -> None:
     require("cgroup")
     for mode in ("pooled", "per_call"):
-        w = spawn("strict", mode=mode, limits=Limits(max_processes=4))
+        w = spawn("strict", mode=mode, limits=Limits(max_processes=MIN_PROCESSES))
         assert type(w.ready()).__name__ == "Ready"
         assert text_of(w.call("counter")) == "1"
 
