@@ -4,8 +4,11 @@ How this works:
 
 * A pool keeps between ``min_workers`` and ``limits.max_concurrency`` pre-started workers of one
   plugin. A worker runs the calls sent to it one at a time, in order.
-* A call goes straight to an idle worker if there is one. Otherwise it waits in the pool's bounded
-  FIFO queue (full queue -> ``PoolBusy``). When a worker finishes everything it was given, it takes
+* A call goes to an idle worker if there is one: not at once, but at the pool's next dispatch,
+  which runs right after the tasks the scheduler is running now (one tick, microseconds later),
+  so calls that arrive together (HTTP requests read in one scheduler pass, a burst on stdio) are
+  split across the idle workers in one write each instead of one write per call. Otherwise it
+  waits in the pool's bounded FIFO queue (full queue -> ``PoolBusy``). When a worker finishes everything it was given, it takes
   up to ``BATCH_MAX`` queued calls in one write: under saturation one wake-up of the worker and one
   syscall on each side serve many calls; with spare workers nothing waits.
 * Each worker has one reader task that matches ``Result`` frames to the calls in order and relays
@@ -344,6 +347,9 @@ class WorkerPool:
         self._watch_wake = trio.Event()
         self._watch_at = float("inf")
         self._watchdog_started = False
+        #: Deferred dispatch to idle workers (see the module doc): the dispatcher parks here.
+        self._dispatch_lot = trio.lowlevel.ParkingLot()
+        self._dispatch_due = False
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -445,6 +451,7 @@ class WorkerPool:
         if not self._watchdog_started:
             self._watchdog_started = True
             self.nursery.start_soon(self._watchdog)
+            self.nursery.start_soon(self._dispatcher)
         return worker
 
     def _start_egress(self, worker: Worker, msg: wire.EgressListener) -> None:
@@ -519,6 +526,29 @@ class WorkerPool:
         if not worker.write(data):
             self._fail_worker(worker, WorkerFailure("crashed", "the worker process exited unexpectedly"))
 
+    async def _dispatcher(self) -> None:
+        """Hand queued calls to idle workers, once per scheduler tick in which calls arrived."""
+        while True:
+            if not self._dispatch_due:
+                await self._dispatch_lot.park()
+            self._dispatch_due = False
+            self._dispatch_to_idle()
+
+    def _dispatch_to_idle(self) -> None:
+        queue, idle = self.queue, self.idle
+        # While the pool can still grow, an idle worker takes one call and the rest wait for a
+        # free or a new worker (a slow tool must not queue behind another on one worker while
+        # a worker could be started); at full size the calls are split evenly over the idle ones.
+        can_grow = len(self.workers) + self.starting < self.limits.max_concurrency
+        while queue and idle:
+            worker = idle.pop()
+            if worker.dead or worker.pending:
+                continue
+            share = 1 if can_grow else -(-len(queue) // (len(idle) + 1))
+            self._dispatch(worker, [queue.popleft() for _ in range(min(BATCH_MAX, share))])
+        if queue and can_grow:
+            self._spawn_background()
+
     def _make_available(self, worker: Worker) -> None:
         """``worker`` has nothing pending: hand it a batch from the queue, or mark it idle."""
         if worker.dead or worker.pending:
@@ -538,14 +568,17 @@ class WorkerPool:
         """Start ``slot`` on an idle worker or queue it. Raises ``PoolBusy`` / ``WorkerFailure``."""
         if self.closed or self.retiring:
             raise WorkerFailure("unavailable", f"plugin {self.name} is shutting down")
-        while self.idle:
-            worker = self.idle.pop()
-            if not worker.dead:
-                self.in_flight += 1
-                self._dispatch(worker, [slot])
-                return
-        if len(self.queue) >= self.limits.max_queue:
+        # Every live worker runs one call; everything else in flight is waiting (in the pool's
+        # queue or batched behind a running call on a worker) and is bounded by max_queue.
+        if self.in_flight >= len(self.workers) + self.limits.max_queue:
             raise PoolBusy(f"plugin {self.name} is busy ({self.limits.max_queue} calls waiting); retry later")
+        if self.idle:
+            self.in_flight += 1
+            self.queue.append(slot)
+            if not self._dispatch_due:
+                self._dispatch_due = True
+                self._dispatch_lot.unpark()
+            return
         self.in_flight += 1
         self.queue.append(slot)
         if len(self.workers) + self.starting < self.limits.max_concurrency:
