@@ -400,6 +400,10 @@ class _Exchange:
                 raise RuntimeError("response already started")
             self.status = int(message["status"])
             self.headers = message.get("headers") or []
+            if not any(name.lower() == b"content-length" for name, _ in self.headers):
+                # A streamed response (SSE): the client must see the head now, not with the
+                # first event. With a length, the head waits to go out in one write with the body.
+                await self._send_head(b"", more=True)
             return
         if kind != "http.response.body":
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
@@ -409,47 +413,8 @@ class _Exchange:
             raise RuntimeError("http.response.body before http.response.start")
         body = message.get("body", b"")
         more = message.get("more_body", False)
-        conn = self.conn
         if not self.head_sent:
-            status = self.status
-            no_body = self.no_body or status in _NO_BODY_STATUS or status < 200
-            has_length = False
-            lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
-            for name, value in self.headers:
-                if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name or b":" in name:
-                    raise RuntimeError("response header contains CR, LF or a bad name")
-                lname = name.lower()
-                if lname == b"content-length":
-                    has_length = True
-                elif lname == b"connection" and value.strip().lower() == b"close":
-                    self.keep_alive = False
-                    continue
-                elif lname == b"transfer-encoding":
-                    continue
-                lines.append(b"%s: %s\r\n" % (name, value))
-            if not has_length and not no_body:
-                if more:
-                    self.chunked = True
-                    lines.append(b"transfer-encoding: chunked\r\n")
-                else:
-                    lines.append(b"content-length: %d\r\n" % len(body))
-            if conn.server.stopping or not self.keep_alive:
-                self.keep_alive = False
-                lines.append(b"connection: close\r\n")
-            lines.append(b"date: %s\r\n\r\n" % _Date.now())
-            self.head_sent = True
-            self.no_body = no_body
-            head = b"".join(lines)
-            if no_body:
-                data = head
-            elif self.chunked:
-                data = head + (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + (b"" if more else b"0\r\n\r\n")
-            else:
-                data = head + body
-            if not more:
-                self.finished = True
-            await conn.write(data)
-            return
+            return await self._send_head(body, more)
         if self.no_body:
             if not more:
                 self.finished = True
@@ -461,7 +426,49 @@ class _Exchange:
         if not more:
             self.finished = True
         if data:
-            await conn.write(data)
+            await self.conn.write(data)
+
+    async def _send_head(self, body: bytes, more: bool) -> None:
+        """Write the status line and headers, with ``body`` (the first or only part) behind them."""
+        conn = self.conn
+        status = self.status
+        no_body = self.no_body or status in _NO_BODY_STATUS or status < 200
+        has_length = False
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
+        for name, value in self.headers:
+            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name or b":" in name:
+                raise RuntimeError("response header contains CR, LF or a bad name")
+            lname = name.lower()
+            if lname == b"content-length":
+                has_length = True
+            elif lname == b"connection" and value.strip().lower() == b"close":
+                self.keep_alive = False
+                continue
+            elif lname == b"transfer-encoding":
+                continue
+            lines.append(b"%s: %s\r\n" % (name, value))
+        if not has_length and not no_body:
+            if more:
+                self.chunked = True
+                lines.append(b"transfer-encoding: chunked\r\n")
+            else:
+                lines.append(b"content-length: %d\r\n" % len(body))
+        if conn.server.stopping or not self.keep_alive:
+            self.keep_alive = False
+            lines.append(b"connection: close\r\n")
+        lines.append(b"date: %s\r\n\r\n" % _Date.now())
+        self.head_sent = True
+        self.no_body = no_body
+        head = b"".join(lines)
+        if no_body:
+            data = head
+        elif self.chunked:
+            data = head + (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + (b"" if more else b"0\r\n\r\n")
+        else:
+            data = head + body
+        if not more:
+            self.finished = True
+        await conn.write(data)
 
 
 class H1Server:

@@ -54,6 +54,13 @@ class App:
             if message["type"] == "http.disconnect":
                 self.disconnected.set()
             return
+        if path == "/sse":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            await self.release.wait()
+            await send({"type": "http.response.body", "body": b"data: late\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
         if path == "/slow":
             await self.release.wait()
         if path == "/stream":
@@ -195,6 +202,18 @@ async def test_chunked_request_body_is_reassembled_and_streamed_responses_are_ch
         # The connection is still usable after a streamed response.
         await c.send(post(b"/f", b"ok"))
         assert (await c.response())[2] == b"POST /f ? [ok]"
+
+
+async def test_a_streamed_response_sends_its_head_before_the_first_event() -> None:
+    async with running() as srv, client(srv) as c:
+        await c.send(b"GET /sse HTTP/1.1\r\nHost: x\r\n\r\n")
+        with trio.fail_after(5):
+            while b"\r\n\r\n" not in c.buf:
+                assert await c._fill()
+        assert c.buf.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in c.buf
+        srv.app.release.set()
+        status, _, body = await c.response()
+        assert (status, body) == (200, b"data: late\n\n")
 
 
 async def test_expect_100_continue_gets_the_interim_response_before_the_body_is_sent() -> None:

@@ -143,7 +143,9 @@ async def test_concurrency_session_and_stream_caps_answer_503(tmp_path: Path, en
             assert refused.status_code == 503 and refused.json()["id"] == 1
             body, headers = _listen({"toolsListChanged": True}, "one")
             async with client.stream("POST", srv.url, content=body, headers=headers) as first:
-                assert (await SSEReader(first).next()) is not None
+                # Keep the reader: a discarded line iterator is finalised, which closes the stream.
+                reader = SSEReader(first)
+                assert (await reader.next()) is not None
                 get = await client.get(srv.url, headers={"accept": "text/event-stream", "mcp-session-id": sid})
                 assert get.status_code == 503
 
