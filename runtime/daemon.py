@@ -23,6 +23,8 @@ from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.core import Core, ToolCall
 from runtime.registry import Catalog
 from runtime.reload import fingerprint, stat_signature
+from runtime.spares import Spares
+from runtime.spares import installed as spares_installed
 from runtime.workers import PoolBusy, WorkerFailure, become_subreaper
 from sandbox import wire
 
@@ -53,6 +55,8 @@ class Daemon:
         self.inflight = 0
         self.ready = False
         self.stats = {"calls": 0, "errors": 0, "busy": 0}
+        #: The spare worker interpreter (``runtime.spares``), once serving.
+        self.spares: Spares | None = None
 
     # -- plugins and catalog -------------------------------------------------------------------
 
@@ -337,7 +341,15 @@ async def open_daemon(config: Config, describe_only: bool = False) -> AsyncItera
         daemon = Daemon(config, nursery)
         try:
             await daemon.load(describe_only=describe_only)
-            yield daemon
+            if describe_only:
+                yield daemon
+            else:
+                # After the initial load, which it would only slow down: a spare interpreter for the
+                # next worker to start (a hot reload's new version, a replacement).
+                daemon.spares = Spares(config.state_dir)
+                await nursery.start(daemon.spares.serve)
+                with spares_installed(daemon.spares):
+                    yield daemon
         finally:
             await daemon.aclose()
             nursery.cancel_scope.cancel()

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 _SKIP_DIRS = {"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".hypothesis"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".swp", "~")
 MAX_FINGERPRINT_BYTES = 64 * 1024 * 1024
+#: watchfiles checks for changes every step and yields once a step brings no new ones, so a save is
+#: seen 1-2 steps after it lands; changes closer together than a step are one reload.
+WATCH_STEP_MS = 10
 
 
 def _files(path: Path) -> Iterator[tuple[str, str, os.stat_result]]:
@@ -138,7 +141,7 @@ async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
         parts = Path(path).parts
         return not any(p in _SKIP_DIRS for p in parts) and not path.endswith(_SKIP_SUFFIXES)
 
-    async for changes in watchfiles.awatch(*paths, watch_filter=wanted, debounce=debounce_ms, step=20,
+    async for changes in watchfiles.awatch(*paths, watch_filter=wanted, debounce=debounce_ms, step=WATCH_STEP_MS,
                                            rust_timeout=250, recursive=True, ignore_permission_denied=True):
         log("reload_requested", trigger="watch", changed=len(changes))
         await daemon.reload()

@@ -33,6 +33,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -175,15 +176,51 @@ class PoolSpec:
     min_workers: int = 1
     describe_only: bool = False
 
+    @staticmethod
+    def base_env() -> dict[str, str]:
+        """What every worker's environment starts from (and all a spare worker has)."""
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": os.environ.get("TZ", "UTC")}
+
     def env(self, token: str = "") -> dict[str, str]:
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": os.environ.get("TZ", "UTC"),
-               }
+        env = self.base_env()
         for name in self.manifest.env.allow:
             if name in os.environ:
                 env[name] = os.environ[name]
         env.update(self.manifest.env.set)
         env[WORKER_MARKER] = f"{self.manifest.name}:{token}"
         return env
+
+
+async def spawn_process(env: dict[str, str], cwd: str, spare: bool = False) -> tuple[trio.Process, socket.socket]:
+    """Start ``sandbox.worker.main`` in a fresh ``python -I -S -B`` with its IPC socket on fd 3, in a
+    session of its own; returns the process and our (non-blocking) end of the socket. ``spare``:
+    it will adopt the environment its ``Init`` frame carries (``runtime.spares``). Raises OSError."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = child.fileno()
+    # The IPC socket always lands on fd 3 in the worker (only 0-2 and it survive the exec).
+    move = "" if fd == 3 else f"import os;os.dup2({fd},3);os.close({fd});"
+    bootstrap = (
+        f"{move}import sys;sys.path[:0]={WORKER_SYS_PATH!r};"
+        f"from sandbox.worker import main;main(3{', spare=True' if spare else ''})"
+    )
+    try:
+        proc = await trio.lowlevel.open_process(
+            [_PYTHON, "-I", "-S", "-B", "-c", bootstrap],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(fd,),
+            start_new_session=True,
+            env=env,
+            cwd=cwd,
+        )
+    except BaseException:
+        parent.close()
+        raise
+    finally:
+        child.close()
+    parent.setblocking(False)
+    return proc, parent
 
 
 class Worker:
@@ -370,38 +407,31 @@ class WorkerPool:
         )
 
     async def start_worker(self) -> Worker:
-        """Spawn one worker and wait for its ``Ready``. Raises ``PluginLoadError``."""
+        """Start one worker (the daemon's spare interpreter if it fits, see ``runtime.spares``) and
+        wait for its ``Ready``. Raises ``PluginLoadError``."""
+        from runtime import spares
+
         os.makedirs(self.spec.state_dir, mode=0o711, exist_ok=True)
         scratch = tempfile.mkdtemp(prefix=f"{self.name}-", dir=self.spec.state_dir)
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        fd = child.fileno()
+        keeper = spares.current.get()
+        spare = keeper.take(self.spec) if keeper is not None and not self.spec.describe_only else None
+        if keeper is not None and spare is not None:
+            try:
+                return await self._start(spare.proc, spare.raw, spare.token, scratch)
+            finally:
+                keeper.restock()  # the next spare starts now, not while this one was starting
         token = secrets.token_hex(8)
         LIVE_WORKER_TOKENS.add(token)
-        # The IPC socket always lands on fd 3 in the worker (only 0-2 and it survive the exec).
-        move = "" if fd == 3 else f"import os;os.dup2({fd},3);os.close({fd});"
-        bootstrap = (
-            f"{move}import sys;sys.path[:0]={WORKER_SYS_PATH!r};"
-            "from sandbox.worker import main;main(3)"
-        )
         try:
-            proc = await trio.lowlevel.open_process(
-                [_PYTHON, "-I", "-S", "-B", "-c", bootstrap],
-                stdin=open(os.devnull, "rb"),
-                stdout=__import__("subprocess").PIPE,
-                stderr=__import__("subprocess").STDOUT,
-                pass_fds=(fd,),
-                start_new_session=True,
-                env=self.spec.env(token),
-                cwd=scratch,
-            )
+            proc, parent = await spawn_process(self.spec.env(token), scratch)
         except OSError as exc:
             LIVE_WORKER_TOKENS.discard(token)
-            parent.close()
             shutil.rmtree(scratch, ignore_errors=True)
             raise PluginLoadError("spawn", f"could not start a worker: {exc}") from None
-        finally:
-            child.close()
-        parent.setblocking(False)
+        return await self._start(proc, parent, token, scratch)
+
+    async def _start(self, proc: trio.Process, parent: socket.socket, token: str, scratch: str) -> Worker:
+        """Send a started worker process its ``Init`` and wait for its ``Ready``."""
         worker = Worker(proc, parent, scratch, self._max_frame)
         worker.token = token
         self.nursery.start_soon(self._watch, worker)

@@ -239,11 +239,29 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef]) -> None:
             flush()
 
 
-def main(fd: int = IPC_FD) -> None:
+def _adopt_env(env: dict[str, str]) -> None:
+    """Take the plugin's environment from ``Init`` (a spare was started with a generic one)."""
+    if dict(os.environ) == env:
+        return
+    os.environ.clear()
+    os.environ.update(env)
+    time.tzset()
+
+
+def main(fd: int = IPC_FD, spare: bool = False) -> None:
+    """Run a worker. ``spare``: started before its plugin was known (``runtime.spares``): import
+    what every worker needs while waiting, and adopt the environment ``Init`` carries."""
+    if spare:
+        try:
+            from sandbox import isolation
+        except Exception:  # noqa: BLE001, S110 (imported again below, where a failure is reported)
+            pass
     chan = Channel(fd)
     init = to_worker_decoder.decode(chan.recv_frames()[0])
     if not isinstance(init, Init):
         raise SystemExit("toolcell worker: first frame was not Init")
+    if spare:
+        _adopt_env(init.env)
     sys.path[:0] = [p for p in init.sys_path if p not in sys.path]
     try:
         from sandbox import isolation
