@@ -13,12 +13,15 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from reload_harness import REPO, WAIT_S, Counter, LogWatch, write_plugin
 
+import runtime.daemon
 from runtime.config import Config
 from runtime.daemon import open_daemon
 from runtime.protocol.core import ConnState, ToolCall
@@ -143,3 +146,29 @@ async def test_a_cursor_from_before_a_reload_continues_after_the_last_name_seen(
         assert [t["name"] for t in second["tools"]] == ["t10", "t2"]  # continues after "t1", in the new order
         bad = {"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {"cursor": "garbage!"}}
         assert json.loads(daemon.core.receive(state, json.dumps(bad).encode()).data)["error"]["code"] == -32602
+
+
+async def test_an_edit_landing_while_the_previous_version_loads_is_picked_up_by_the_next_reload(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugins = tmp_path / "plugins"
+    write_plugin(plugins, "racy", {"r1": "one"})
+    original_load = runtime.daemon.load_plugin
+
+    async def load_then_edit(path: Path, *args: Any) -> Any:
+        plugin = await original_load(path, *args)
+        if edits:
+            write_plugin(plugins, "racy", edits.pop())  # the next save lands before this load is done
+        return plugin
+
+    edits: list[dict[str, str]] = []
+    monkeypatch.setattr(runtime.daemon, "load_plugin", load_then_edit)
+    config = Config(plugins=[str(plugins)], policy="none", watch=False, state_dir=str(tmp_path / "state"))
+    async with open_daemon(config) as daemon:
+        edits.append({"r1": "one", "r3": "three"})
+        write_plugin(plugins, "racy", {"r1": "one", "r2": "two"})
+        with trio.fail_after(WAIT_S):
+            assert await daemon.reload() is True
+        assert sorted(daemon.catalog.by_name) == ["r1", "r2"]  # what was on disk when the load began
+        with trio.fail_after(WAIT_S):
+            assert await daemon.reload() is True  # the watcher's reload for the second save
+        assert sorted(daemon.catalog.by_name) == ["r1", "r3"]
