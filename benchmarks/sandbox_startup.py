@@ -98,17 +98,16 @@ class Worker:
     def send_call(self, call_id: int) -> None:
         self.sock.sendall(encode_frame(Call(call_id, "echo", {"text": "x"})))
 
-    def close(self) -> str:
-        """Kill the worker's tree, clean up; returns what it wrote on stderr (if captured)."""
+    def close(self) -> None:
+        """Kill the worker's tree and clean up."""
         try:
             os.killpg(self.proc.pid, 9)
         except OSError:
             pass
-        err = self.proc.communicate(timeout=5)[1] if self.proc.stderr else b""
+        self.proc.wait(timeout=5)
         cgroups.cleanup(self.proc.pid)
         self.sock.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
-        return (err or b"").decode(errors="replace")
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -312,7 +311,7 @@ def _versions() -> dict[str, Any]:
             out[dist] = None
     try:
         out["git"] = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, timeout=5).stdout.strip()
+                                    text=True, timeout=5, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         out["git"] = None
     return out
@@ -320,7 +319,14 @@ def _versions() -> dict[str, Any]:
 
 def profile_per_call(plugin_dir: str, calls: int) -> str:
     """Run ``calls`` sequential per_call/strict calls with the zygote's phase timers on; return its report."""
+    import threading
+
     w = Worker(plugin_dir, "strict", "per_call", env={"TOOLCELL_ZYGOTE_PROFILE": "1"}, stderr=True)
+    chunks: list[bytes] = []
+    assert w.proc.stderr is not None
+    stderr = w.proc.stderr
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: stderr.read1(65536), b"")), daemon=True)
+    reader.start()
     try:
         w.recv()
         for i in range(calls):
@@ -332,8 +338,22 @@ def profile_per_call(plugin_dir: str, calls: int) -> str:
         except subprocess.TimeoutExpired:
             pass
     finally:
-        err = w.close()
-    return err
+        w.close()
+        reader.join(timeout=5)
+    err = b"".join(chunks).decode(errors="replace")
+    lines = [line for line in err.splitlines() if not line.startswith("toolcell call profile: ")]
+    # One line per call process: fork, start, faults, ready, faults, got call, faults, sent result, faults.
+    marks = [[float(x) for x in line.split(": ", 1)[1].split()] for line in err.splitlines()
+             if line.startswith("toolcell call profile: ")]
+    if marks:
+        def med(i: int, j: int) -> float:
+            return statistics.median(m[j] - m[i] for m in marks)
+
+        lines.append(f"toolcell call processes: {len(marks)}; fork -> first statement {med(0, 1):.0f} us "
+                     f"({statistics.median(m[2] for m in marks):.0f} page faults by then); "
+                     f"setup {med(1, 3):.0f} us ({med(2, 4):.0f} faults); "
+                     f"call read -> result sent {med(5, 7):.0f} us ({med(6, 8):.0f} faults)")
+    return "\n".join(lines)
 
 
 def main() -> int:

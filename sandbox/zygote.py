@@ -1,42 +1,92 @@
-"""The per-call zygote: one fresh forked process per call, so no state survives between calls.
+"""The per-call zygote: a fresh forked process for every call; nothing of one call reaches the next.
 
 ``serve(chan, tools, init)`` runs in the worker after the plugin is imported and ``Ready`` was sent
-(``init.mode == "per_call"``). The zygote is single-threaded and holds no secrets; it already runs
-under every isolation layer, and so does each child it forks.
+(``init.mode == "per_call"``). Every process below runs under every isolation layer of the worker:
+
+* **Z, the zygote** (pid 1 of the worker's pid namespace) is the template every call starts from.
+  It forks and reaps, and never reads a call or a result: each call process is a copy of Z's
+  memory, so nothing Z ever held could turn up in a later call's process.
+* **R, the relay**, is forked from Z once, before the first call. It owns the daemon channel, runs
+  the calls in order, one at a time, checks and forwards what each call's process sends, and cleans
+  up after each call. It never forks, so the call data it holds is copied nowhere.
+* **C, call processes**, are forked by Z ahead of the calls: a C applies the per-call layers and
+  waits ("warm") for exactly one call. There are at most ``CALL_PROCESSES`` at a time, the running
+  one and a warm one, so a fork and a C's set-up happen while the previous call runs, on the other
+  core, and not on the call's path.
 
 How a call runs:
 
-1. The zygote reads one ``Call`` frame from the daemon channel, makes a private socketpair and forks.
-2. The child closes the daemon channel (it never writes to it), enters a nested Landlock domain
-   that is scoped (it cannot signal, ptrace or reach abstract sockets of the zygote's domain; ABI
-   >= 6), runs the call with ``sandbox.worker.run_call`` and writes its ``Progress``/``Log``/
-   ``Result`` frames to its end of the pair, then ``_exit``s.
-3. The zygote relays only complete, well-formed frames carrying the call's id to the daemon, and
-   stops at the first ``Result``. A child that dies without a result (crash, OOM kill, ``_exit``)
-   gets an error ``Result`` from the zygote. A half-written frame of a dying child never reaches the
-   daemon channel, so the stream stays in sync.
-4. After each call the zygote (pid 1 of the worker's pid namespace) SIGKILLs every other process in
-   the namespace (``kill(-1)``), so a call's background processes do not outlive it, and reaps them.
+1. R writes the ``Call`` frame to the socket of the oldest warm C.
+2. C runs the call, writes its ``Progress``/``Log``/``Result`` frames to its socket and exits. R
+   relays only complete, well-formed frames carrying the call's id and stops at the first
+   ``Result``; a half-written frame of a dying C never reaches the daemon channel.
+3. R makes sure that nothing of the call can act any more: it SIGKILLs C and every process the
+   call left (C's descendants through ``/proc/<pid>/task/<tid>/children``, and Z's children that
+   are not call processes: orphans re-parent to pid 1), and it looks again until every one of
+   them is a zombie or in the kernel's exit path (``PF_EXITING``: it will never run user code
+   again). It does not wait for them to be torn down; Z reaps them afterwards (``REAP``).
+4. R resets what a call can write that outlives it: /tmp, /dev/shm and scratch go back to what
+   they held when the zygote started (names, contents, modes, times, xattrs), and the shared stdio
+   descriptions get their flags back and lose any ``flock``. Then the next call starts. Its warm C
+   was forked from Z, not from a used process, and has read nothing before its own call.
 
-The zygote never reads the daemon channel while a child runs: one call at a time. Signals from a
-child to pid 1 are dropped by the kernel unless pid 1 handles them, so the zygote handles none;
-it is not dumpable, so a child cannot open ``/proc/1/mem``.
+A C that dies or closes its socket without a ``Result`` takes the slow path instead: R asks Z
+(``DONE``), Z kills and reaps it (its wait status goes into the error ``Result`` R sends), kills and
+reaps what it left until nothing is left, and answers ``DEAD``; then R resets the files.
+
+Per-call layers, each a syscall with arguments Z prepared once: a new session, a nested Landlock
+domain that only scopes signals and abstract sockets (a call cannot signal Z, R or another C;
+ABI >= 6), and a second seccomp filter (``CALL_DENY``) against what a call could otherwise leave for
+the next one: the priority, scheduling, I/O priority or rlimits of another process of the same uid
+(Z, R, the warm C), and SysV IPC objects and POSIX message queues, which outlive their creator.
+
+The daemon's side is unchanged: calls in order, results in order, and a deadline or cancellation of
+the running call kills the whole worker (the pid namespace takes every process with it). Paths the
+manifest grants write access to are the plugin's own persistent storage and are not reset.
+
+Concurrency comes from the pool, which runs up to ``max_concurrency`` zygotes, each with its own
+namespaces, /tmp and scratch: two calls never run side by side in one zygote, where they would
+share a file system. Signals from a child to pid 1 are dropped by the kernel unless pid 1 handles
+them, so Z handles none; Z and R are not dumpable (nor, inheriting it, is any C), so no C can open
+their memory.
+
+Cost model (why the code is shaped like this): on these VMs a copy-on-write fault costs ~2.5 us.
+After every fork, each page Z or C writes costs one, and CPython writes to every object it touches
+(reference counts) and to the bytecode it runs (3.11's inline caches). So Z runs as little Python per
+call as it can, C's set-up is a handful of direct syscalls, and everything else happens in R, whose
+pages are its own (it never forks).
+
+``TOOLCELL_ZYGOTE_PROFILE=1`` in the worker's environment makes Z, R and every C print timings on
+stderr (``benchmarks/sandbox_startup.py --profile`` sums them up).
 """
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # the C module: no enum conversions
+import _socket
+import collections
+import ctypes
+import errno
+import fcntl
 import gc
 import os
 import select
 import signal
 import socket
-from typing import Any
+import stat
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 from sandbox import api
+from sandbox.isolation import syscalls
 from sandbox.wire import (
     HEADER,
     MAX_FRAME_BYTES,
     Call,
+    CancelCall,
     Init,
     Result,
     Shutdown,
@@ -45,36 +95,292 @@ from sandbox.wire import (
     split_frames,
     to_worker_decoder,
 )
+from sandbox.worker import encode_result, run_call
+
+# -- Z <-> R control messages (SOCK_SEQPACKET) -------------------------------------------------------
+_MSG = struct.Struct("<Bqq")  # kind, call process id, value
+#: Z -> R. WARM: a new call process (value: its pid; fds: R's end of its socket, a pidfd).
+#: DEAD: answer to DONE (value: the call process's wait status). NOFORK: answer to WANT (errno).
+WARM, DEAD, NOFORK = 1, 2, 3
+#: R -> Z. REAP: R has made sure the call's processes are all dying; reap them when they are dead.
+#: DONE: kill and reap the call's processes yourself and answer DEAD. WANT: no warm C, fork one now.
+REAP, DONE, WANT = 11, 12, 13
+
+#: Call processes alive at once: the running one and one warm. The warm one a call gets was forked
+#: when the call before the previous one ended, so it has had a whole call's time to get ready.
+CALL_PROCESSES = 2
+#: Signals Z and R ignore (the daemon kills the whole tree; a stray SIGINT must not stop a call).
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+_RESTORED = tuple(int(s) for s in _IGNORED if s != signal.SIGINT)
+_SIGINT = int(signal.SIGINT)
+#: A directory deeper than this below a reset root is moved up to the root before it is emptied
+#: (bounded recursion and open fds, whatever a call built).
+_MAX_DEPTH = 32
+
+PR_SET_CHILD_SUBREAPER = 36
+#: ``task_struct.flags``: the task is in do_exit() and will not return to user space.
+PF_EXITING = 0x4
+
+_PROFILE = os.environ.get("TOOLCELL_ZYGOTE_PROFILE") == "1"
+
+#: libc's fork(), called with the GIL held (PyDLL), so the child simply resumes this thread. Unlike
+#: os.fork() it runs none of CPython's after-fork work: re-creating the GIL, import and runtime locks
+#: and running the ``os.register_at_fork`` hooks (threading's alone writes to ~150 pages: ~0.4 ms of
+#: copy-on-write faults in every call process). All of that exists for locks other threads might
+#: hold, and Z has one thread (checked; otherwise os.fork() is used). The one hook whose effect a
+#: call could see is random's reseed, which the call process does itself.
+_raw_fork = ctypes.PyDLL(None, use_errno=True).fork
+_raw_fork.restype = ctypes.c_int
+_raw_fork.argtypes = []
 
 
-def _child(chan: Any, tools: dict[str, api.ToolDef], call: Call, out: socket.socket) -> None:
-    """Run one call in the forked child. Never returns."""
-    code = 0
+def _single_threaded() -> bool:
     try:
-        chan.sock.close()
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        from sandbox.isolation import landlock
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
 
+
+def _now_us() -> float:
+    return time.perf_counter_ns() / 1000
+
+
+# -- per-call layers, prepared once by Z -------------------------------------------------------------
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+def _scope_ruleset() -> int:
+    """A Landlock ruleset fd that only scopes signals and abstract sockets (ABI >= 6), or -1."""
+    from sandbox.isolation import landlock
+
+    if landlock.abi_version() < 6:
+        return -1
+    attr = _RulesetAttr(0, 0, landlock.SCOPE_ABSTRACT_UNIX_SOCKET | landlock.SCOPE_SIGNAL)
+    return syscalls.syscall(syscalls.NR_LANDLOCK_CREATE_RULESET, ctypes.byref(attr),
+                            ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0), what="landlock_create_ruleset")
+
+
+_NE = 1  # SCMP_CMP_NE
+_PRIO_PROCESS = 0
+_IOPRIO_WHO_PROCESS = 1
+#: The call filter: syscall -> conditions (argument, value) under which it fails with EPERM (the
+#: argument differs from the value); an empty tuple denies it outright. Conditions are alternatives.
+CALL_DENY: dict[str, tuple[tuple[int, int], ...]] = {
+    # kernel objects that outlive the process that made them
+    "shmget": (), "msgget": (), "semget": (), "mq_open": (),
+    # changing another process (pid 0 is the caller itself)
+    "prlimit64": ((0, 0),), "sched_setaffinity": ((0, 0),), "sched_setscheduler": ((0, 0),),
+    "sched_setparam": ((0, 0),), "sched_setattr": ((0, 0),), "migrate_pages": ((0, 0),), "move_pages": ((0, 0),),
+    "setpriority": ((0, _PRIO_PROCESS), (1, 0)), "ioprio_set": ((0, _IOPRIO_WHO_PROCESS), (1, 0)),
+    # reaching into another process (Landlock and non-dumpable processes already stop these)
+    "kcmp": (), "pidfd_getfd": (), "process_madvise": (), "process_mrelease": (),
+}
+
+
+def _load_call_filter() -> None:
+    """Load the ``CALL_DENY`` seccomp filter into Z, before R and any call process are forked: they
+    all inherit it, and neither Z nor R needs any of these calls."""
+    from sandbox.isolation import seccomp
+
+    lib = seccomp.load_library()
+    ctx = lib.seccomp_init(seccomp.SCMP_ACT_ALLOW)
+    if not ctx:
+        raise OSError(errno.ENOMEM, "seccomp_init failed")
+    eperm = seccomp.SCMP_ACT_ERRNO(errno.EPERM)
+    arg = seccomp._ArgCmp  # the type libseccomp's prototypes were declared with
+    try:
+        for name, conds in CALL_DENY.items():
+            nr = lib.seccomp_syscall_resolve_name(name.encode())
+            if nr < 0:
+                continue
+            for cond in conds or (None,):
+                arr = (arg * 1)(arg(cond[0], _NE, cond[1], 0)) if cond else (arg * 1)()
+                rc = lib.seccomp_rule_add_array(ctx, eperm, nr, 1 if cond else 0, arr)
+                if rc < 0:
+                    raise OSError(-rc, f"seccomp_rule_add({name})")
+        rc = lib.seccomp_load(ctx)
+        if rc < 0:
+            raise OSError(-rc, "seccomp_load")
+    finally:
+        lib.seccomp_release(ctx)
+
+
+@dataclass
+class _Kit:
+    """What Z prepares once for every call process: the tools and each per-call syscall's arguments."""
+
+    tools: dict[str, api.ToolDef]
+    ruleset_fd: int = -1
+    landlock_args: tuple[Any, ...] = ()
+    #: Z ignores a few signals only without a pid namespace (as pid 1 it needs not): then they are
+    #: set back in the call process
+    restore_signals: bool = False
+    #: PR_SET_PDEATHSIG args, only without a pid namespace (Z's exit there ends every process)
+    deathsig_args: tuple[Any, ...] = ()
+    #: ``random.seed`` when the plugin imported ``random``
+    reseed: Any = None
+
+
+def _prctl_args(option: int, arg2: int = 0) -> tuple[Any, ...]:
+    return (ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+
+
+def _make_kit(tools: dict[str, api.ToolDef], init: Init) -> _Kit:
+    from sandbox import isolation
+
+    kit = _Kit(tools)
+    layered = init.policy != "none"
+    if layered and "landlock" not in isolation.last_reasons:
         try:
-            landlock.apply_scope_only()
+            kit.ruleset_fd = _scope_ruleset()
         except OSError:
-            pass
-        from sandbox.worker import encode_result, run_call
+            kit.ruleset_fd = -1
+        if kit.ruleset_fd >= 0:
+            kit.landlock_args = (ctypes.c_long(syscalls.NR_LANDLOCK_RESTRICT_SELF), ctypes.c_int(kit.ruleset_fd),
+                                 ctypes.c_uint32(0))
+    if layered and "seccomp" not in isolation.last_reasons:
+        try:
+            _load_call_filter()
+        except OSError as exc:
+            if init.policy == "strict":
+                raise
+            print(f"toolcell per_call ({init.policy}): no call filter: {exc}", file=sys.stderr, flush=True)
+    if os.getpid() != 1:
+        kit.deathsig_args = _prctl_args(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+        kit.restore_signals = True
+    if "random" in sys.modules:
+        kit.reseed = sys.modules["random"].seed
+    return kit
 
-        def send(msg: Any) -> None:
-            out.sendall(encode_frame(msg))
 
-        result = run_call(tools, call, send)
-        out.sendall(encode_result(result))
-    except BaseException:  # noqa: BLE001 (the zygote answers for a child that fails)
+# -- a call process ---------------------------------------------------------------------------------
+
+
+def _read_frame(fd: int) -> bytes | None:
+    """One length-prefixed frame from ``fd`` (blocking), or None at EOF."""
+    buf = b""
+    while len(buf) < HEADER.size:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return None
+        buf += chunk
+    (length,) = HEADER.unpack_from(buf)
+    if length > MAX_FRAME_BYTES:
+        return None
+    parts = [buf]
+    have = len(buf)
+    while have < HEADER.size + length:
+        chunk = os.read(fd, min(HEADER.size + length - have, 1 << 20))
+        if not chunk:
+            return None
+        parts.append(chunk)
+        have += len(chunk)
+    return b"".join(parts)[HEADER.size:]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _call_process(kit: _Kit, fd: int, t_fork: float) -> NoReturn:
+    """A warm C: apply the per-call layers, wait for one call, run it. Never returns.
+
+    Every Python object touched here costs a copy-on-write fault: raw fds instead of socket objects,
+    the C signal module, pre-built ctypes arguments."""
+    code = 0
+    marks: list[float] = [t_fork, _now_us(), _faults()] if _PROFILE else []
+    try:
+        if kit.ruleset_fd > fd:
+            os.closerange(3, fd)
+            os.closerange(fd + 1, kit.ruleset_fd)
+            os.closerange(kit.ruleset_fd + 1, 1 << 20)
+        elif kit.ruleset_fd >= 0:
+            os.closerange(3, kit.ruleset_fd)
+            os.closerange(kit.ruleset_fd + 1, fd)
+            os.closerange(fd + 1, 1 << 20)
+        else:
+            os.closerange(3, fd)
+            os.closerange(fd + 1, 1 << 20)
+        if kit.restore_signals:
+            for sig in _RESTORED:  # back from Z's SIG_IGN (the C module: no enum conversions)
+                _signal.signal(sig, _signal.SIG_DFL)
+            _signal.signal(_SIGINT, _signal.default_int_handler)
+        if kit.deathsig_args and syscalls.libc.prctl(*kit.deathsig_args):
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+        if kit.landlock_args:
+            if syscalls._syscall(*kit.landlock_args):
+                raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+            os.close(kit.ruleset_fd)
+        if kit.reseed is not None:
+            kit.reseed()  # what random's at-fork hook does: no two calls share a random sequence
+        if _PROFILE:
+            marks += [_now_us(), _faults()]
+        _run_the_call(kit, fd, marks)
+    except BaseException:  # noqa: BLE001 (R answers for a call process that fails)
         code = 1
     finally:
         os._exit(code)
 
 
-def _describe(status: int) -> str:
+def _run_the_call(kit: _Kit, fd: int, marks: list[float]) -> None:
+    raw = _read_frame(fd)
+    if raw is None:
+        return
+    if _PROFILE:
+        marks += [_now_us(), _faults()]
+    call = to_worker_decoder.decode(raw)
+    if not isinstance(call, Call):
+        return
+    # Only now its own session: until then it shares Z's, which no call's process can ever join,
+    # and that is how R tells a warm process from something a call left (see _Relay.quiesce).
+    os.setsid()
+
+    def send(msg: Any) -> None:
+        _write_all(fd, encode_frame(msg))
+
+    _write_all(fd, encode_result(run_call(kit.tools, call, send)))
+    if _PROFILE:
+        marks += [_now_us(), _faults()]
+        os.write(2, ("toolcell call profile: " + " ".join(f"{m:.0f}" for m in marks) + "\n").encode())
+
+
+def _warm_up() -> None:
+    """Run the call path (not the plugin's code) in Z a few times, before the first fork.
+
+    CPython 3.11 rewrites a function's bytecode while it warms up (quickening, inline cache
+    counters): done in Z once, instead of in every call process, where each page written is a
+    copy-on-write fault."""
+
+    def echo(text: str) -> str:
+        return text
+
+    before = list(api.TOOLS)
+    api.tool(echo)
+    tdef = api.TOOLS[-1]
+    api.TOOLS[:] = before
+    tools = {"echo": tdef}
+    for i in range(64):
+        raw = encode_frame(Call(i, "echo", {"text": "x"}))[HEADER.size:]
+        call = to_worker_decoder.decode(raw)
+        encode_result(run_call(tools, call, lambda msg: None))
+
+
+def _faults() -> float:
+    return float(_resource.getrusage(_resource.RUSAGE_SELF).ru_minflt)
+
+
+if _PROFILE:
+    import resource as _resource
+
+
+def describe_status(status: int) -> str:
+    if status < 0:
+        return "exit status unknown"
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
         try:
@@ -84,117 +390,863 @@ def _describe(status: int) -> str:
     return f"exited with status {code}"
 
 
-def _relay(chan: Any, call: Call, pid: int, inp: socket.socket) -> None:
-    """Forward the child's frames for ``call`` until its Result; answer for it if it dies without one."""
-    buf = bytearray()
-    done = False
-    status: int | None = None
-    pidfd = os.pidfd_open(pid)
-    inp.setblocking(False)
+# -- resetting what a call can write ----------------------------------------------------------------
+
+
+@dataclass
+class _Dir:
+    """A directory as the zygote found it (a reset root or a directory below one)."""
+
+    mode: int
+    times: tuple[int, int]
+    #: Ours (the worker uid's): its mode, times and xattrs are restored. One that is not (a
+    #: directory root made on the way to scratch) a call cannot change either.
+    owned: bool
+    xattrs: dict[str, bytes] = field(default_factory=dict)
+    dirs: dict[str, _Dir] = field(default_factory=dict)
+    #: name -> (mode, (atime_ns, mtime_ns), contents)
+    files: dict[str, tuple[int, tuple[int, int], bytes]] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    #: Directories another file system is mounted on (the scratch tmpfs inside /tmp): left alone.
+    mounts: set[str] = field(default_factory=set)
+
+
+def _xattrs(fd: int) -> dict[str, bytes]:
     try:
-        while not done and status is None:
-            readable, _, _ = select.select([inp.fileno(), pidfd], [], [])
-            if pidfd in readable:
-                _, status = os.waitpid(pid, 0)
-                _kill_others()  # nothing else may write to the pair while we drain it
-            drained = 0
-            while drained <= MAX_FRAME_BYTES:  # what is there (all of it once the child is gone)
+        return {name: os.getxattr(fd, name) for name in os.listxattr(fd)}
+    except OSError:
+        return {}
+
+
+def _snapshot(dfd: int, dev: int) -> _Dir:
+    st = os.fstat(dfd)
+    node = _Dir(stat.S_IMODE(st.st_mode), (st.st_atime_ns, st.st_mtime_ns), st.st_uid == os.geteuid(), _xattrs(dfd))
+    with os.scandir(dfd) as it:
+        entries = list(it)
+    for e in entries:
+        est = e.stat(follow_symlinks=False)
+        if stat.S_ISDIR(est.st_mode):
+            if est.st_dev != dev:
+                node.mounts.add(e.name)
+                continue
+            sub = os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            try:
+                node.dirs[e.name] = _snapshot(sub, dev)
+            finally:
+                os.close(sub)
+        elif stat.S_ISREG(est.st_mode):
+            fd = os.open(e.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            try:
+                chunks = []
+                while chunk := os.read(fd, 1 << 20):
+                    chunks.append(chunk)
+                data = b"".join(chunks)
+            finally:
+                os.close(fd)
+            node.files[e.name] = (stat.S_IMODE(est.st_mode), (est.st_atime_ns, est.st_mtime_ns), data)
+        elif stat.S_ISLNK(est.st_mode):
+            node.links[e.name] = os.readlink(e.name, dir_fd=dfd)
+        # sockets and fifos left at import are not recreated: they are gone after the first call
+    return node
+
+
+def _open_dir(name: str, dfd: int | None) -> int:
+    """Open a directory of ours for listing and changes, whatever mode a call gave it."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, dir_fd=dfd)
+    except PermissionError:
+        os.chmod(name, 0o700, dir_fd=dfd)
+        return os.open(name, flags, dir_fd=dfd)
+
+
+class _Reset:
+    """Puts /tmp, /dev/shm and scratch back as the zygote found them (see the module doc)."""
+
+    def __init__(self, roots: list[str]) -> None:
+        self.roots: list[tuple[str, int, _Dir]] = []
+        for path in roots:
+            fd = _open_dir(path, None)
+            try:
+                dev = os.fstat(fd).st_dev
+                self.roots.append((path, dev, _snapshot(fd, dev)))
+            finally:
+                os.close(fd)
+        self._hoisted = 0
+        self.stdio: list[tuple[int, int, int]] = []
+        for fd in (0, 1, 2):
+            try:
+                flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            except OSError:
+                continue
+            try:
+                pipe_size = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+            except OSError:
+                pipe_size = -1
+            self.stdio.append((fd, flags, pipe_size))
+
+    def run(self) -> None:
+        for path, dev, node in self.roots:
+            fd = _open_dir(path, None)
+            try:
+                self._reset_dir(fd, node, dev, fd, root=True)
+            finally:
+                os.close(fd)
+        for fd, flags, pipe_size in self.stdio:
+            # Open file descriptions are shared with Z and R: a call's O_NONBLOCK or flock would stay.
+            try:
+                if fcntl.fcntl(fd, fcntl.F_GETFL) != flags:
+                    fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                if pipe_size > 0 and fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) != pipe_size:
+                    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, pipe_size)
+            except OSError:
+                pass
+
+    def _reset_dir(self, dfd: int, node: _Dir, dev: int, root_fd: int, root: bool = False) -> None:
+        while True:
+            hoisted = self._hoisted
+            with os.scandir(dfd) as it:
+                entries = list(it)
+            seen: set[str] = set()
+            for e in entries:
+                name = e.name
+                if e.is_dir(follow_symlinks=False):
+                    if name in node.mounts:
+                        continue
+                    if e.stat(follow_symlinks=False).st_dev != dev:
+                        raise OSError(errno.EBUSY, f"unexpected mount point {name!r} in a reset directory")
+                    sub = _open_dir(name, dfd)
+                    try:
+                        if name in node.dirs:
+                            seen.add(name)
+                            self._reset_dir(sub, node.dirs[name], dev, root_fd)
+                        else:
+                            self._empty(sub, root_fd, 1)
+                    finally:
+                        os.close(sub)
+                    if name not in node.dirs:
+                        os.rmdir(name, dir_fd=dfd)
+                else:
+                    os.unlink(name, dir_fd=dfd)  # template files are written again below
+            if not (root and self._hoisted != hoisted):
+                break
+        for name, sub_node in node.dirs.items():
+            if name not in seen:
+                os.mkdir(name, 0o700, dir_fd=dfd)
+                sub = _open_dir(name, dfd)
                 try:
-                    chunk = inp.recv(1 << 20)
+                    self._reset_dir(sub, sub_node, dev, root_fd)
+                finally:
+                    os.close(sub)
+        for name, (mode, times, data) in node.files.items():
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            try:
+                os.write(fd, data)
+                os.fchmod(fd, mode)
+                os.utime(fd, ns=times)
+            finally:
+                os.close(fd)
+        for name, target in node.links.items():
+            os.symlink(target, name, dir_fd=dfd)
+        if not node.owned:
+            return
+        xattrs = _xattrs(dfd)
+        if xattrs != node.xattrs:
+            for name in xattrs:
+                os.removexattr(dfd, name)
+            for name, value in node.xattrs.items():
+                os.setxattr(dfd, name, value)
+        os.fchmod(dfd, node.mode)
+        os.utime(dfd, ns=node.times)
+
+    def _empty(self, dfd: int, root_fd: int, depth: int) -> None:
+        with os.scandir(dfd) as it:
+            entries = list(it)
+        for e in entries:
+            if not e.is_dir(follow_symlinks=False):
+                os.unlink(e.name, dir_fd=dfd)
+                continue
+            if depth >= _MAX_DEPTH:
+                self._hoist(dfd, e.name, root_fd)
+                continue
+            sub = _open_dir(e.name, dfd)
+            try:
+                self._empty(sub, root_fd, depth + 1)
+            finally:
+                os.close(sub)
+            os.rmdir(e.name, dir_fd=dfd)
+
+    def _hoist(self, dfd: int, name: str, root_fd: int) -> None:
+        """Move a deep directory up to the root; the root's pass removes it (bounded depth)."""
+        os.chmod(name, 0o700, dir_fd=dfd)  # moving a directory rewrites its ".."
+        for n in range(1 << 20):
+            try:
+                os.rename(name, f".toolcell-reset-{n}", src_dir_fd=dfd, dst_dir_fd=root_fd)
+                self._hoisted += 1
+                return
+            except (FileExistsError, IsADirectoryError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                if exc.errno != errno.ENOTEMPTY:
+                    raise
+        raise OSError(errno.EEXIST, "no free name to move a directory to")
+
+
+def _reset_roots(init: Init) -> list[str]:
+    """The directories to reset after every call: scratch, and /tmp and /dev/shm where private."""
+    from sandbox import isolation
+
+    granted = [os.path.realpath(p) for p in init.permissions.write]
+
+    def granted_path(p: str) -> bool:  # a granted path inside a root is a mount point there: left alone
+        return any(p == g or p.startswith(g.rstrip("/") + "/") for g in granted)
+
+    roots = []
+    if init.scratch_dir:
+        scratch = os.path.realpath(init.scratch_dir)
+        if os.path.isdir(scratch) and not granted_path(scratch):
+            roots.append(scratch)
+    # /tmp and /dev/shm are this worker's own tmpfs only when its mount view was built (namespaces);
+    # otherwise they are the host's, and not ours to empty.
+    private = init.policy != "none" and "namespaces" not in isolation.last_reasons and os.getpid() == 1
+    if private:
+        for p in ("/tmp", "/dev/shm"):
+            if os.path.isdir(p) and not granted_path(p) and p not in roots:
+                roots.append(p)
+    return roots
+
+
+# -- Z -----------------------------------------------------------------------------------------------
+
+
+def _kill_session(pid: int) -> None:
+    """SIGKILL the session (= process group) a call process made: what it forked, even where no
+    /proc view lets us find it. Only while ``pid`` is unreaped, so the number cannot be reused."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _children_file(pid: int) -> str:
+    return f"/proc/{pid}/task/{pid}/children"
+
+
+class _Zygote:
+    """Z's loop: fork call processes, reap what R says is dying, the slow path on ``DONE``."""
+
+    def __init__(self, kit: _Kit, ctl: socket.socket, relay_pid: int) -> None:
+        self.kit = kit
+        self.ctl = ctl
+        self.relay_pid = relay_pid
+        #: call process id -> (pid, pidfd): warm or running, Z need not know which
+        self.children: dict[int, tuple[int, int]] = {}
+        #: pids of call processes R has reported dying (REAP), to be reaped
+        self.reaping: list[int] = []
+        self.serial = 0
+        self.fork_blocked = False
+        self.fork_errno = errno.EAGAIN
+        self.raw_fork = _single_threaded()
+        try:
+            self.children_fd = os.open(_children_file(os.getpid()), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.children_fd = -1  # no /proc view: a call's session is killed, its double forks are not
+        self.prof: dict[str, list[float]] = collections.defaultdict(list)
+
+    def fork_warm(self) -> bool:
+        mine, theirs = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        t = _now_us() if _PROFILE else 0.0
+        if self.raw_fork:
+            pid = _raw_fork()
+            if pid < 0:
+                pid = -1
+                err = ctypes.get_errno()
+        else:
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                pid, err = -1, exc.errno or errno.EAGAIN
+        if pid < 0:
+            mine.close()
+            theirs.close()
+            self.fork_blocked = True
+            self.fork_errno = err or errno.EAGAIN
+            return False
+        if pid == 0:
+            _call_process(self.kit, theirs.fileno(), t)
+        if _PROFILE:
+            self.prof["fork_us"].append(_now_us() - t)
+        theirs.close()
+        self.serial += 1
+        pidfd = os.pidfd_open(pid)
+        self.children[self.serial] = (pid, pidfd)
+        try:
+            self.ctl.sendmsg([_MSG.pack(WARM, self.serial, pid)],
+                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("ii", mine.fileno(), pidfd))])
+        except OSError:
+            pass  # R is gone; the loop notices
+        finally:
+            mine.close()
+        return True
+
+    def serve(self) -> None:
+        relay_fd = os.pidfd_open(self.relay_pid)
+        try:
+            while True:
+                while len(self.children) < CALL_PROCESSES and not self.fork_blocked:
+                    self.fork_warm()
+                if self.reaping:
+                    self.reap()
+                readable, _, _ = select.select([self.ctl.fileno(), relay_fd], [], [])
+                if relay_fd in readable or not self.messages():
+                    return
+        finally:
+            self.stop()
+            os.close(relay_fd)
+
+    def messages(self) -> bool:
+        while True:
+            try:
+                data = self.ctl.recv(_MSG.size, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                return False
+            if len(data) != _MSG.size:
+                return False  # EOF: R is gone
+            kind, cid, _ = _MSG.unpack(data)
+            if kind == REAP:
+                entry = self.children.pop(cid, None)
+                if entry is not None:
+                    os.close(entry[1])
+                    self.reaping.append(entry[0])
+            elif kind == DONE:
+                status = self.clean_up(cid)
+                self.fork_blocked = False
+                if not self.tell(DEAD, cid, status):
+                    return False
+            elif kind == WANT:
+                self.fork_blocked = False
+                if not self.fork_warm() and not self.tell(NOFORK, 0, self.fork_errno):
+                    return False
+
+    def tell(self, kind: int, cid: int, value: int) -> bool:
+        try:
+            self.ctl.send(_MSG.pack(kind, cid, value))
+            return True
+        except OSError:
+            return False  # R is gone
+
+    def reap(self) -> None:
+        """Reap the call processes R reported dying, then whatever else of theirs is dead by now (the
+        rest is still a child of ours and is reaped next time)."""
+        t = _now_us() if _PROFILE else 0.0
+        for pid in self.reaping:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        self.reaping.clear()
+        for pid in self.strays():
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if _PROFILE:
+            self.prof["reap_us"].append(_now_us() - t)
+
+    def strays(self) -> list[int]:
+        """Our children that are neither R nor a call process (orphans re-parent to pid 1)."""
+        if self.children_fd < 0:
+            return []
+        pids = os.pread(self.children_fd, 1 << 16, 0).split()
+        if len(pids) <= len(self.children) + 1:
+            return []  # R and the call processes: the common case, no sets built
+        keep = {self.relay_pid} | {pid for pid, _ in self.children.values()}
+        return [pid for pid in map(int, pids) if pid not in keep]
+
+    def clean_up(self, cid: int) -> int:
+        """The slow path: kill and reap call process ``cid`` and everything it left; returns its wait
+        status."""
+        entry = self.children.pop(cid, None)
+        status = -1
+        if entry is not None:
+            pid, pidfd = entry
+            _kill_session(pid)
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            os.close(pidfd)
+        self.kill_strays()
+        return status
+
+    def kill_strays(self) -> None:
+        """Kill and reap every stray until none is left (reaping one re-parents its children to us)."""
+        while strays := self.strays():
+            for pid in strays:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            for pid in strays:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+
+    def stop(self) -> None:
+        for pid, pidfd in self.children.values():
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid, pidfd in self.children.values():
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            os.close(pidfd)
+        self.children.clear()
+        self.reap()
+        self.relay_pid = -1
+        self.kill_strays()
+        if _PROFILE:
+            _report("zygote", self.prof)
+
+
+# -- R -----------------------------------------------------------------------------------------------
+
+
+def _task_dying_and_children(pid: int) -> tuple[bool, int, list[int]] | None:
+    """Whether every thread of ``pid`` is a zombie or exiting, its session, and its children; None
+    if it is gone.
+
+    Each thread's state is read before its children: a thread seen exiting makes no more, so the
+    list read after it is complete (it can only shrink, into pid 1's list)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    dying = True
+    session = -1
+    kids: list[int] = []
+    for tid in tids:
+        try:
+            fields = _read(f"/proc/{pid}/task/{tid}/stat").rpartition(b")")[2].split()
+            session = int(fields[3])
+            if fields[0] not in (b"Z", b"X") and not int(fields[6]) & PF_EXITING:
+                dying = False
+            kids += map(int, _read(f"/proc/{pid}/task/{tid}/children").split())
+        except (OSError, IndexError, ValueError):
+            continue  # the thread is gone
+    return dying, session, kids
+
+
+def _read(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _Proc:
+    """A call process as R sees it: its pid, socket and pidfd (from Z), its call once it runs."""
+
+    cid: int
+    pid: int
+    sock: socket.socket | None
+    pidfd: int
+    call: Call | None = None
+    buf: bytearray = field(default_factory=bytearray)
+    answered: bool = False
+    done_sent: bool = False
+    t_sent: float = 0.0
+
+
+class _Relay:
+    def __init__(self, chan: Any, ctl: socket.socket, reset: _Reset) -> None:
+        self.chan = chan
+        self.ctl = ctl
+        self.reset = reset
+        self.zygote_pid = os.getppid()
+        #: Z's session: R and warm call processes are in it; a call's processes never can be.
+        self.zygote_session = os.getsid(0)
+        try:
+            self.zygote_children = os.open(_children_file(self.zygote_pid), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.zygote_children = -1
+        self.queue: collections.deque[tuple[Call, bytes, float]] = collections.deque()
+        self.cancelled: set[int] = set()
+        self.warm: list[_Proc] = []
+        #: The running call's process, until the call is answered and nothing of it can act any more.
+        self.cur: _Proc | None = None
+        #: Warm processes that died unused, waiting for Z to reap them (DONE -> DEAD).
+        self.lost: dict[int, _Proc] = {}
+        self.wanted = False
+        self.t_answered = 0.0
+        self.prof: dict[str, list[float]] = collections.defaultdict(list)
+
+    def serve(self) -> None:
+        try:
+            while True:
+                self.start_next()
+                rlist: list[Any] = [self.chan.sock, self.ctl, *(w.pidfd for w in self.warm)]
+                cur = self.cur
+                if cur is not None and not cur.done_sent:
+                    rlist.append(cur.pidfd)
+                    if cur.sock is not None:
+                        rlist.append(cur.sock)
+                readable, _, _ = select.select(rlist, [], [])
+                if self.ctl in readable and not self.from_zygote():
+                    return
+                cur = self.cur
+                if cur is not None and not cur.done_sent:
+                    if cur.sock is not None and cur.sock in readable:
+                        self.from_child(cur)
+                    if self.cur is cur and not cur.done_sent and cur.pidfd in readable:
+                        self.from_child(cur, exited=True)
+                for w in list(self.warm):
+                    if w.pidfd in readable:
+                        self.warm.remove(w)
+                        self.lost_warm(w)
+                if self.chan.sock in readable and not self.from_daemon():
+                    return
+        finally:
+            if _PROFILE:
+                _report("relay", self.prof)
+
+    def lost_warm(self, proc: _Proc) -> None:
+        """A warm process died unused (a memory limit, an outside kill): Z reaps it, forks another."""
+        self.lost[proc.cid] = proc
+        self.ctl.send(_MSG.pack(DONE, proc.cid, 0))
+
+    def answer(self, result: Result) -> None:
+        self.chan.sock.sendall(encode_frame(result))
+
+    def start_next(self) -> None:
+        while self.cur is None and self.queue:
+            call, raw, t_arrived = self.queue[0]
+            if call.id in self.cancelled:
+                self.queue.popleft()
+                self.cancelled.discard(call.id)
+                self.answer(Result(call.id, [{"type": "text", "text": "cancelled"}], is_error=True))
+                continue
+            if not self.warm:
+                if not self.wanted:
+                    self.wanted = True
+                    self.ctl.send(_MSG.pack(WANT, 0, 0))
+                return
+            proc = self.warm.pop(0)
+            if select.select([proc.pidfd], [], [], 0)[0]:
+                self.lost_warm(proc)  # died waiting (a memory limit, an outside kill): try the next one
+                continue
+            self.queue.popleft()
+            self.cur = proc
+            proc.call = call
+            if _PROFILE:
+                proc.t_sent = _now_us()
+                self.prof["queued_us"].append(proc.t_sent - t_arrived)
+            assert proc.sock is not None
+            try:
+                proc.sock.sendall(HEADER.pack(len(raw)) + raw)
+            except OSError:
+                pass  # it died: its pidfd says so
+            proc.sock.setblocking(False)
+
+    def from_daemon(self) -> bool:
+        try:
+            chunk = self.chan.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return True
+        if not chunk:
+            return False
+        self.chan.buf += chunk
+        t = _now_us() if _PROFILE else 0.0
+        for raw in split_frames(self.chan.buf):
+            msg = to_worker_decoder.decode(raw)
+            if isinstance(msg, Call):
+                self.queue.append((msg, raw, t))
+            elif isinstance(msg, CancelCall):
+                # Answered in its place in the order, unrun; the daemon never cancels the running call
+                # this way (it kills the worker).
+                if any(queued.id == msg.id for queued, _, _ in self.queue):
+                    self.cancelled.add(msg.id)
+            elif isinstance(msg, Shutdown):
+                return False
+        return True
+
+    def from_zygote(self) -> bool:
+        while True:
+            try:
+                # (socket.recv_fds ignores its flags argument in 3.11)
+                data, ancdata, _, _ = self.ctl.recvmsg(_MSG.size, socket.CMSG_LEN(8), socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                return False
+            fds = [int.from_bytes(d[i:i + 4], sys.byteorder, signed=True) for lvl, typ, d in ancdata
+                   if lvl == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS for i in range(0, len(d) - 3, 4)]
+            if len(data) != _MSG.size:
+                for fd in fds:
+                    os.close(fd)
+                return False  # Z is gone
+            kind, cid, value = _MSG.unpack(data)
+            if kind == WARM and len(fds) == 2:
+                self.warm.append(_Proc(cid, value, socket.socket(fileno=fds[0]), fds[1]))
+                self.wanted = False
+                continue
+            for fd in fds:
+                os.close(fd)
+            if kind == DEAD:
+                self.dead(cid, value)
+            elif kind == NOFORK:
+                self.wanted = False
+                if self.cur is None and self.queue:
+                    call, _, _ = self.queue.popleft()
+                    text = f"could not start a process for the call: {os.strerror(value)}"
+                    self.answer(Result(call.id, [{"type": "text", "text": text}], is_error=True))
+
+    def dead(self, cid: int, status: int) -> None:
+        """The slow path ends: Z has reaped call process ``cid`` and everything it left."""
+        lost = self.lost.pop(cid, None)
+        if lost is not None:
+            os.close(lost.pidfd)
+            if lost.sock is not None:
+                lost.sock.close()
+            return
+        cur = self.cur
+        if cur is None or cur.cid != cid:
+            return
+        if not cur.answered:
+            self.give_up(cur, f"tool process ended without a result ({describe_status(status)})")
+        os.close(cur.pidfd)
+        self.finish()
+
+    def finish(self) -> None:
+        """Nothing of the call can act any more: put its files back, start the next call."""
+        t = _now_us() if _PROFILE else 0.0
+        self.reset.run()
+        self.cur = None
+        if _PROFILE:
+            now = _now_us()
+            self.prof["reset_us"].append(now - t)
+            self.prof["answered_to_next_us"].append(now - self.t_answered)
+
+    def give_up(self, cur: _Proc, text: str) -> None:
+        cur.answered = True
+        self.t_answered = _now_us()
+        assert cur.call is not None
+        self.answer(Result(cur.call.id, [{"type": "text", "text": text}], is_error=True))
+
+    def from_child(self, cur: _Proc, exited: bool = False) -> None:
+        """Relay what the running call's process sent; ``exited``: it has died (read the rest first)."""
+        assert cur.call is not None
+        eof = False
+        if cur.sock is not None and not cur.answered:
+            drained = 0
+            while drained <= MAX_FRAME_BYTES:
+                try:
+                    chunk = cur.sock.recv(1 << 20)
                 except (BlockingIOError, InterruptedError):
                     break
+                except OSError:
+                    chunk = b""
                 if not chunk:
+                    eof = True
                     break
-                buf += chunk
+                cur.buf += chunk
                 drained += len(chunk)
             try:
-                frames = split_frames(buf, MAX_FRAME_BYTES)
+                frames = split_frames(cur.buf, MAX_FRAME_BYTES)
             except ValueError:
-                os.kill(pid, signal.SIGKILL)
-                frames, buf = [], bytearray()
+                frames = []
+                cur.buf.clear()
+                self.give_up(cur, "tool process sent a frame over the size limit")
             for raw in frames:
                 try:
                     msg = from_worker_decoder.decode(raw)
                 except Exception:  # noqa: BLE001, S112 (malformed, never forwarded; msgspec raises several types)
                     continue
-                if getattr(msg, "id", None) != call.id:
+                if getattr(msg, "id", None) != cur.call.id:
                     continue
-                chan.sock.sendall(HEADER.pack(len(raw)) + raw)  # forwarded as checked, not re-encoded
+                self.chan.sock.sendall(HEADER.pack(len(raw)) + raw)  # forwarded as checked, not re-encoded
                 if isinstance(msg, Result):
-                    done = True
+                    cur.answered = True
+                    self.t_answered = _now_us()
+                    if _PROFILE:
+                        self.prof["run_us"].append(self.t_answered - cur.t_sent)
                     break
-    finally:
-        os.close(pidfd)
-        inp.close()
-    if not done:
-        if status is None:
-            _, status = os.waitpid(pid, 0)
-        text = f"tool process ended without a result ({_describe(status)})"
-        chan.send(Result(call.id, [{"type": "text", "text": text}], is_error=True))
-    elif status is None:
-        # It has answered: kill it now and let it be torn down while the next call starts (reaped later).
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def _kill_others() -> None:
-    """SIGKILL every process of the namespace but us (only as pid 1: kill(-1) then stays inside it)."""
-    if os.getpid() == 1:
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def _reap() -> None:
-    """Reap every child that has exited, without blocking (SIGKILLed ones finish dying in parallel)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
+        if not (cur.answered or eof or exited):
             return
-        if pid == 0:
-            return
+        if cur.sock is not None:
+            cur.sock.close()
+            cur.sock = None
+        cur.done_sent = True
+        if cur.answered:
+            # The fast path: make sure nothing of the call can act any more, let Z reap it later.
+            self.quiesce(cur)
+            self.ctl.send(_MSG.pack(REAP, cur.cid, 0))
+            os.close(cur.pidfd)
+            self.finish()
+        else:
+            self.ctl.send(_MSG.pack(DONE, cur.cid, 0))  # it died without a result: Z gives its status
+
+    def quiesce(self, cur: _Proc) -> None:
+        """SIGKILL the call's process and everything it left; return once each is dying (module doc)."""
+        t = _now_us() if _PROFILE else 0.0
+        try:
+            signal.pidfd_send_signal(cur.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _kill_session(cur.pid)  # unreaped until our REAP, so the number is still its session's
+        # It normally exits by itself right after its Result: wait (briefly) for that before the walk.
+        stat_path = f"/proc/{cur.pid}/stat"
+        for _ in range(50):
+            try:
+                fields = _read(stat_path).rpartition(b")")[2].split()
+            except OSError:
+                break
+            if fields[0] in (b"Z", b"X") or int(fields[6]) & PF_EXITING:
+                break
+            time.sleep(0.00002)
+        # A warm process Z has forked and R not heard of yet is told apart by its session, below.
+        keep = {os.getpid(), cur.pid, *(w.pid for w in self.warm)}
+        pause = 0.00005
+        rounds = 0
+        while True:
+            rounds += 1
+            all_dying = True
+            seen: set[int] = set()
+            todo = [cur.pid]
+            strays: set[int] = set()
+            strays_read = False
+            while todo or not strays_read:
+                if not todo:
+                    # Z's children, read after the walk: whatever was re-parented during it is there.
+                    strays_read = True
+                    try:
+                        todo = [p for p in map(int, os.pread(self.zygote_children, 1 << 16, 0).split())
+                                if p not in keep and p not in seen]
+                        strays.update(todo)
+                    except OSError:
+                        todo = []
+                    continue
+                pid = todo.pop()
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                state = _task_dying_and_children(pid)
+                if state is None:
+                    continue
+                dying, session, kids = state
+                if pid in strays and session == self.zygote_session:
+                    continue  # a warm call process Z has just forked, not announced yet
+                if not dying:
+                    all_dying = False
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                todo += kids
+            if all_dying:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+        if _PROFILE:
+            self.prof["quiesce_us"].append(_now_us() - t)
+            self.prof["quiesce_rounds"].append(rounds)
 
 
-def run_one(chan: Any, tools: dict[str, api.ToolDef], call: Call) -> None:
-    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid = os.fork()
-    if pid == 0:
-        parent_end.close()
-        _child(chan, tools, call, child_end)
-    child_end.close()
-    _relay(chan, call, pid, parent_end)
-    # Whatever the call left behind (background processes, double forks) dies before the next one.
-    # SIGKILL never lets a process run again, so the next call may start while they are torn down.
-    _kill_others()
-    _reap()
+# -- start-up -----------------------------------------------------------------------------------------
+
+
+def _report(who: str, prof: dict[str, list[float]]) -> None:
+    t = os.times()
+    n = max((len(v) for v in prof.values()), default=0)
+    parts = [f"toolcell {who} profile: {n} calls"]
+    for key, values in prof.items():
+        if values:
+            values = sorted(values)
+            parts.append(f"{key} p50 {values[len(values) // 2]:.0f} p90 {values[int(len(values) * 0.9)]:.0f}")
+    if n:
+        parts.append(f"own CPU {(t.user + t.system) / n * 1e6:.0f} us/call")
+        if who == "zygote":
+            parts.append(f"reaped processes' CPU {(t.children_user + t.children_system) / n * 1e6:.0f} us/call")
+    print("; ".join(parts), file=sys.stderr, flush=True)
+
+
+def _close_fds_except(*keep: int) -> None:
+    low = 3
+    for fd in sorted(k for k in keep if k >= 3):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
 
 
 def serve(chan: Any, tools: dict[str, api.ToolDef], init: Init) -> None:
-    """Serve ``Call`` frames one at a time, each in a fresh child, until Shutdown or EOF."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_IGN)
+    """Serve ``Call`` frames, each in a fresh process, until Shutdown or EOF (see the module doc)."""
+    if os.getpid() == 1:
+        # pid 1 of its namespace: a signal from inside it that Z does not handle is dropped by the
+        # kernel, so Z handles none (not even SIGINT: Python's KeyboardInterrupt handler would count)
+        # and its call processes start with every signal at its default.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    else:
+        for sig in _IGNORED:
+            signal.signal(sig, signal.SIG_IGN)
     try:
-        from sandbox.isolation import syscalls
-
         syscalls.prctl(syscalls.PR_SET_DUMPABLE, 0)
     except OSError:
         pass
+    if os.getpid() != 1:
+        try:  # without a pid namespace, orphans of a call still come to us, not to the daemon
+            syscalls.prctl(PR_SET_CHILD_SUBREAPER, 1)
+        except OSError:
+            pass
+    kit = _make_kit(tools, init)
+    reset = _Reset(_reset_roots(init))
+    try:  # fewer resident pages: every fork copies their page table entries, every exit drops them
+        syscalls.libc.malloc_trim(0)
+    except AttributeError:
+        pass
+    _warm_up()
+    z_end, r_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     # Objects the zygote already has are never collected in the children: without this, a child's
     # first GC pass would touch (and so copy) every page of the zygote's heap.
     gc.collect()
     gc.freeze()
-    while True:
+    relay_pid = os.fork()
+    if relay_pid == 0:
+        code = 0
         try:
-            frames = chan.recv_frames()
-        except EOFError:
-            return
-        for raw in frames:
-            msg = to_worker_decoder.decode(raw)
-            if isinstance(msg, Shutdown):
-                return
-            if isinstance(msg, Call):
-                run_one(chan, tools, msg)
+            z_end.close()
+            _close_fds_except(chan.sock.fileno(), r_end.fileno())
+            syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+            _Relay(chan, r_end, reset).serve()
+        except BaseException:  # noqa: BLE001 (Z sees R exit and stops the worker)
+            import traceback
+
+            traceback.print_exc()  # our bug: to the daemon's log
+            code = 1
+        finally:
+            os._exit(code)
+    r_end.close()
+    chan.sock.close()  # Z never reads the daemon channel
+    try:
+        _Zygote(kit, z_end, relay_pid).serve()
+    finally:
+        try:
+            os.kill(relay_pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.waitpid(relay_pid, 0)
+        except ChildProcessError:
+            pass
