@@ -644,6 +644,8 @@ class _Zygote:
         self.children: dict[int, tuple[int, int]] = {}
         #: pids of call processes R has reported dying (REAP), to be reaped
         self.reaping: list[int] = []
+        #: pidfd -> pid of a process a call left, killed by R, that was not dead yet when we looked
+        self.watch: dict[int, int] = {}
         self.serial = 0
         self.fork_blocked = False
         self.fork_errno = errno.EAGAIN
@@ -698,8 +700,17 @@ class _Zygote:
                     self.fork_warm()
                 if self.reaping:
                     self.reap()
-                readable, _, _ = select.select([self.ctl.fileno(), relay_fd], [], [])
-                if relay_fd in readable or not self.messages():
+                readable, _, _ = select.select([self.ctl.fileno(), relay_fd, *self.watch], [], [])
+                if relay_fd in readable:
+                    return
+                for fd in readable:
+                    if fd in self.watch:
+                        try:
+                            os.waitpid(self.watch.pop(fd), os.WNOHANG)
+                        except ChildProcessError:
+                            pass
+                        os.close(fd)
+                if self.ctl.fileno() in readable and not self.messages():
                     return
         finally:
             self.stop()
@@ -748,10 +759,14 @@ class _Zygote:
             except ChildProcessError:
                 pass
         self.reaping.clear()
+        watched = set(self.watch.values())
         for pid in self.strays():
+            if pid in watched:
+                continue
             try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    self.watch[os.pidfd_open(pid)] = pid  # still dying: reaped when it is dead
+            except (ChildProcessError, ProcessLookupError):
                 pass
         if _PROFILE:
             self.prof["reap_us"].append(_now_us() - t)
@@ -814,6 +829,9 @@ class _Zygote:
             os.close(pidfd)
         self.children.clear()
         self.reap()
+        for fd in self.watch:
+            os.close(fd)
+        self.watch.clear()
         self.relay_pid = -1
         self.kill_strays()
         if _PROFILE:

@@ -306,6 +306,9 @@ def test_a_warm_process_that_dies_is_replaced(start: Callable[..., Worker]) -> N
     assert warm
     for p in warm:
         p.kill()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not all(_gone_now(p) for p in warm):
+        time.sleep(0.005)
     assert [text_of(w.call("counter")) for _ in range(3)] == ["1", "1", "1"]
 
 
@@ -333,6 +336,13 @@ def _calls(*calls: tuple[str, dict[str, Any]]) -> list[Any]:
     from sandbox.wire import Call
 
     return [Call(100 + i, tool, args) for i, (tool, args) in enumerate(calls)]
+
+
+def _gone_now(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _worker_processes(pid: int) -> list[int]:
