@@ -120,8 +120,11 @@ class _Connection:
         self.eof = False
         self.reading = False
         self.closed = False
+        #: True while waiting for the next request; ``idle_since`` is when that began.
         self.idle = True
-        self.cancel_scope: trio.CancelScope | None = None
+        self.idle_since = trio.current_time()
+        #: Wraps the whole connection; the server's sweeper cancels it only while ``idle``.
+        self.scope = trio.CancelScope()
 
     # -- parser callbacks (llhttp calls these from feed_data) ---------------------------------
 
@@ -231,17 +234,16 @@ class _Connection:
             if self.error is not None or self.eof:
                 return None
             if self.parsing is None and deadline is None:
-                # Idle between requests: the keep-alive timeout, interruptible by a stop.
-                self.idle = True
-                with trio.move_on_after(cfg.idle_timeout_s) as scope:
-                    self.cancel_scope = scope
-                    if self.server.stopping:
-                        return None
-                    await self._read_once()
-                self.cancel_scope = None
-                self.idle = False
-                if scope.cancelled_caught:
+                # Idle between requests. The keep-alive timeout and a graceful stop come from the
+                # server's sweeper cancelling ``self.scope`` (no cancel scope per request).
+                if self.server.stopping:
                     return None
+                self.idle = True
+                self.idle_since = trio.current_time()
+                try:
+                    await self._read_once()
+                finally:
+                    self.idle = False
                 continue
             if deadline is None:
                 deadline = trio.current_time() + cfg.idle_timeout_s
@@ -275,6 +277,10 @@ class _Connection:
     # -- one connection -----------------------------------------------------------------------
 
     async def serve(self, app: App) -> None:
+        with self.scope:
+            await self._serve(app)
+
+    async def _serve(self, app: App) -> None:
         try:
             while True:
                 req = await self.next_request()
@@ -503,6 +509,17 @@ class H1Server:
             self.connections.add(conn)
             nursery.start_soon(self._serve_connection, conn)
 
+    async def _sweep_idle(self) -> None:
+        """Close connections idle for ``idle_timeout_s`` (checked a few times per timeout)."""
+        timeout = self.cfg.idle_timeout_s
+        period = min(1.0, max(0.01, timeout / 4))
+        while True:
+            await trio.sleep(period)
+            limit = trio.current_time() - timeout
+            for conn in self.connections:
+                if conn.idle and conn.idle_since <= limit:
+                    conn.scope.cancel()
+
     async def _refuse(self, sock: trio.socket.SocketType) -> None:
         with sock, trio.move_on_after(1):
             try:
@@ -525,6 +542,7 @@ class H1Server:
             listeners.append(trio.socket.from_stdlib_socket(s))
         async with trio.open_nursery() as conns:
             async with trio.open_nursery() as accepting:
+                accepting.start_soon(self._sweep_idle)
                 for listener in listeners:
                     accepting.start_soon(self._accept_loop, listener, conns)
                 task_status.started()
@@ -534,8 +552,8 @@ class H1Server:
             for listener in listeners:
                 listener.close()
             for conn in list(self.connections):
-                if conn.idle and conn.cancel_scope is not None:
-                    conn.cancel_scope.cancel()
+                if conn.idle:
+                    conn.scope.cancel()
             deadline = trio.current_time() + self.cfg.shutdown_grace_s
             while self.connections and trio.current_time() < deadline:
                 await trio.sleep(0.05)

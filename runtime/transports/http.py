@@ -21,6 +21,7 @@ How this works (hypercorn parses HTTP and runs this raw ASGI app on trio):
 
 from __future__ import annotations
 
+import collections
 import math
 import socket
 import time
@@ -104,6 +105,10 @@ class HttpApp:
         self.status_counts: dict[int, int] = {}
         self.rate_limited = {"principal": 0, "tool": 0}
         self.audit: Any = None  # an AuditLog, for calls refused before they reach a pool
+        #: Calls in their quick wait, oldest first, with the time it ends (see ``wake_slow_calls``).
+        self._quick: collections.deque[tuple[float, CallBox]] = collections.deque()
+        self._quick_lot = trio.lowlevel.ParkingLot()
+        self._quick_sweeper = False
         self._unsubscribe = daemon.subscribe(self._on_catalog_change)
 
     # -- ASGI entry ----------------------------------------------------------------------------
@@ -445,10 +450,17 @@ class HttpApp:
                     if quick:
                         # Most calls finish within milliseconds: wait for them on an event, and only
                         # then start watching for a disconnect (which costs a cancellation to undo).
+                        # ``wake_slow_calls`` ends the wait after QUICK_WAIT_S (no timer per call).
                         quick = False
                         box.event = trio.Event()
-                        with trio.move_on_after(QUICK_WAIT_S):
+                        if self._quick_sweeper:
+                            if not self._quick:
+                                self._quick_lot.unpark()
+                            self._quick.append((trio.current_time() + QUICK_WAIT_S, box))
                             await box.event.wait()
+                        else:
+                            with trio.move_on_after(QUICK_WAIT_S):
+                                await box.event.wait()
                         box.event = None
                         continue
                     with trio.CancelScope() as parked:
@@ -596,6 +608,30 @@ class HttpApp:
             if session.stream is not None:
                 session.stream.close()
 
+    async def wake_slow_calls(self) -> None:
+        """End the quick wait of calls still running after QUICK_WAIT_S, so that they start
+        watching for their client's disconnect; one task for all calls instead of a timer each."""
+        self._quick_sweeper = True
+        quick = self._quick
+        try:
+            while True:
+                if not quick:
+                    await self._quick_lot.park()
+                    continue
+                now = trio.current_time()
+                while quick and quick[0][0] <= now:
+                    box = quick.popleft()[1]
+                    if box.event is not None:
+                        box.event.set()
+                if quick:
+                    await trio.sleep(max(0.0, quick[0][0] - now))
+        finally:
+            self._quick_sweeper = False
+            while quick:
+                box = quick.popleft()[1]
+                if box.event is not None:
+                    box.event.set()
+
     async def housekeeping(self) -> None:
         period = max(0.05, min(60.0, self.cfg.session_idle_s / 4))
         while True:
@@ -729,6 +765,7 @@ async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int]
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(app.housekeeping)
+            nursery.start_soon(app.wake_slow_calls)
 
             async def run(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
                 if cfg.engine == "hypercorn":
