@@ -128,6 +128,9 @@ def kill_tree(pid: int) -> None:
 
 #: Tokens of every worker this daemon started (registered before the spawn) and has not reaped.
 LIVE_WORKER_TOKENS: set[str] = set()
+#: Pids of the worker processes themselves until they are reaped: the orphan sweep skips them
+#: without reading their environment (a sweep per worker exit stays cheap with many workers).
+LIVE_WORKER_PIDS: set[int] = set()
 #: Set to ``plugin:token`` in every worker's environment; inherited by whatever it forks.
 WORKER_MARKER = "TOOLCELL_WORKER"
 
@@ -153,7 +156,7 @@ def sweep_orphans() -> int:
     except psutil.Error:
         return 0
     for child in children:
-        if not _is_escaped_worker_process(child):
+        if child.pid in LIVE_WORKER_PIDS or not _is_escaped_worker_process(child):
             continue
         try:
             if child.status() != psutil.STATUS_ZOMBIE:
@@ -434,6 +437,7 @@ class WorkerPool:
         """Send a started worker process its ``Init`` and wait for its ``Ready``."""
         worker = Worker(proc, parent, scratch, self._max_frame)
         worker.token = token
+        LIVE_WORKER_PIDS.add(proc.pid)
         self.nursery.start_soon(self._watch, worker)
         self.nursery.start_soon(self._write_loop, worker)
         try:
@@ -850,6 +854,8 @@ class WorkerPool:
                     returncode=worker.proc.returncode)
             self._fail_worker(worker, WorkerFailure("crashed", describe_exit(worker.proc.returncode)))
             LIVE_WORKER_TOKENS.discard(worker.token)
+            if worker.proc.returncode is not None:
+                LIVE_WORKER_PIDS.discard(worker.pid)
             sweep_orphans()
             with trio.CancelScope(shield=True):
                 # Whatever is left in the worker's cgroup dies with it; the cgroup goes away.
