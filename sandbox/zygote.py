@@ -129,9 +129,15 @@ _PROFILE = os.environ.get("TOOLCELL_ZYGOTE_PROFILE") == "1"
 #: copy-on-write faults in every call process). All of that exists for locks other threads might
 #: hold, and Z has one thread (checked; otherwise os.fork() is used). The one hook whose effect a
 #: call could see is random's reseed, which the call process does itself.
-_raw_fork = ctypes.PyDLL(None, use_errno=True).fork
+_raw_fork = ctypes.PyDLL(None).fork  # (errno: a failed fork is retried with os.fork for the error)
 _raw_fork.restype = ctypes.c_int
 _raw_fork.argtypes = []
+#: syscall(2) and prctl(2) for the call process's own set-up, also with the GIL held: a call that
+#: releases and takes the GIL again writes to its state, which costs a fault in every call process.
+_gil_syscall = ctypes.PyDLL(None, use_errno=True).syscall
+_gil_syscall.restype = ctypes.c_long
+_gil_prctl = ctypes.PyDLL(None, use_errno=True).prctl
+_gil_prctl.restype = ctypes.c_int
 
 
 def _single_threaded() -> bool:
@@ -263,7 +269,7 @@ def _read_frame(fd: int) -> bytes | None:
     """One length-prefixed frame from ``fd`` (blocking), or None at EOF."""
     buf = b""
     while len(buf) < HEADER.size:
-        chunk = os.read(fd, 65536)
+        chunk = os.read(fd, 4096)
         if not chunk:
             return None
         buf += chunk
@@ -310,10 +316,10 @@ def _call_process(kit: _Kit, fd: int, t_fork: float) -> NoReturn:
             for sig in _RESTORED:  # back from Z's SIG_IGN (the C module: no enum conversions)
                 _signal.signal(sig, _signal.SIG_DFL)
             _signal.signal(_SIGINT, _signal.default_int_handler)
-        if kit.deathsig_args and syscalls.libc.prctl(*kit.deathsig_args):
+        if kit.deathsig_args and _gil_prctl(*kit.deathsig_args):
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
         if kit.landlock_args:
-            if syscalls._syscall(*kit.landlock_args):
+            if _gil_syscall(*kit.landlock_args):
                 raise OSError(ctypes.get_errno(), "landlock_restrict_self")
             os.close(kit.ruleset_fd)
         if kit.reseed is not None:
@@ -659,12 +665,9 @@ class _Zygote:
     def fork_warm(self) -> bool:
         mine, theirs = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         t = _now_us() if _PROFILE else 0.0
-        if self.raw_fork:
-            pid = _raw_fork()
-            if pid < 0:
-                pid = -1
-                err = ctypes.get_errno()
-        else:
+        pid = _raw_fork() if self.raw_fork else -1
+        err = 0
+        if pid < 0:
             try:
                 pid = os.fork()
             except OSError as exc:
@@ -717,30 +720,32 @@ class _Zygote:
             os.close(relay_fd)
 
     def messages(self) -> bool:
-        while True:
-            try:
-                data = self.ctl.recv(_MSG.size, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return True
-            except OSError:
+        """Handle one message (the socket is readable); another one makes select return at once.
+        (One at a time: no BlockingIOError to raise and catch on every wake-up.)"""
+        try:
+            data = self.ctl.recv(_MSG.size)
+        except InterruptedError:
+            return True
+        except OSError:
+            return False
+        if len(data) != _MSG.size:
+            return False  # EOF: R is gone
+        kind, cid, _ = _MSG.unpack(data)
+        if kind == REAP:
+            entry = self.children.pop(cid, None)
+            if entry is not None:
+                os.close(entry[1])
+                self.reaping.append(entry[0])
+        elif kind == DONE:
+            status = self.clean_up(cid)
+            self.fork_blocked = False
+            if not self.tell(DEAD, cid, status):
                 return False
-            if len(data) != _MSG.size:
-                return False  # EOF: R is gone
-            kind, cid, _ = _MSG.unpack(data)
-            if kind == REAP:
-                entry = self.children.pop(cid, None)
-                if entry is not None:
-                    os.close(entry[1])
-                    self.reaping.append(entry[0])
-            elif kind == DONE:
-                status = self.clean_up(cid)
-                self.fork_blocked = False
-                if not self.tell(DEAD, cid, status):
-                    return False
-            elif kind == WANT:
-                self.fork_blocked = False
-                if not self.fork_warm() and not self.tell(NOFORK, 0, self.fork_errno):
-                    return False
+        elif kind == WANT:
+            self.fork_blocked = False
+            if not self.fork_warm() and not self.tell(NOFORK, 0, self.fork_errno):
+                return False
+        return True
 
     def tell(self, kind: int, cid: int, value: int) -> bool:
         try:
@@ -759,8 +764,9 @@ class _Zygote:
             except ChildProcessError:
                 pass
         self.reaping.clear()
-        watched = set(self.watch.values())
-        for pid in self.strays():
+        strays = self.strays()
+        watched = set(self.watch.values()) if strays else ()
+        for pid in strays:
             if pid in watched:
                 continue
             try:
@@ -916,8 +922,12 @@ class _Relay:
         try:
             while True:
                 self.start_next()
-                rlist: list[Any] = [self.chan.sock, self.ctl, *(w.pidfd for w in self.warm)]
+                rlist: list[Any] = [self.chan.sock, *(w.pidfd for w in self.warm)]
                 cur = self.cur
+                # Z's WARM messages are read when a call needs a process (start_next), not each in a
+                # wake-up of its own; the channel is watched only while R waits for an answer.
+                if self.wanted or self.lost or (cur is not None and cur.done_sent):
+                    rlist.append(self.ctl)
                 if cur is not None and not cur.done_sent:
                     rlist.append(cur.pidfd)
                     if cur.sock is not None:
@@ -957,6 +967,9 @@ class _Relay:
                 self.cancelled.discard(call.id)
                 self.answer(Result(call.id, [{"type": "text", "text": "cancelled"}], is_error=True))
                 continue
+            while not self.warm and select.select([self.ctl], [], [], 0)[0]:
+                if not self.from_zygote():
+                    raise EOFError("the zygote is gone")
             if not self.warm:
                 if not self.wanted:
                     self.wanted = True
@@ -1002,35 +1015,35 @@ class _Relay:
         return True
 
     def from_zygote(self) -> bool:
-        while True:
-            try:
-                # (socket.recv_fds ignores its flags argument in 3.11)
-                data, ancdata, _, _ = self.ctl.recvmsg(_MSG.size, socket.CMSG_LEN(8), socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return True
-            except OSError:
-                return False
-            fds = [int.from_bytes(d[i:i + 4], sys.byteorder, signed=True) for lvl, typ, d in ancdata
-                   if lvl == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS for i in range(0, len(d) - 3, 4)]
-            if len(data) != _MSG.size:
-                for fd in fds:
-                    os.close(fd)
-                return False  # Z is gone
-            kind, cid, value = _MSG.unpack(data)
-            if kind == WARM and len(fds) == 2:
-                self.warm.append(_Proc(cid, value, socket.socket(fileno=fds[0]), fds[1]))
-                self.wanted = False
-                continue
+        """Handle one message from Z (the channel is readable). False: Z is gone."""
+        try:
+            data, ancdata, _, _ = self.ctl.recvmsg(_MSG.size, socket.CMSG_LEN(8))
+        except InterruptedError:
+            return True
+        except OSError:
+            return False
+        fds = [int.from_bytes(d[i:i + 4], sys.byteorder, signed=True) for lvl, typ, d in ancdata
+               if lvl == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS for i in range(0, len(d) - 3, 4)]
+        if len(data) != _MSG.size:
             for fd in fds:
                 os.close(fd)
-            if kind == DEAD:
-                self.dead(cid, value)
-            elif kind == NOFORK:
-                self.wanted = False
-                if self.cur is None and self.queue:
-                    call, _, _ = self.queue.popleft()
-                    text = f"could not start a process for the call: {os.strerror(value)}"
-                    self.answer(Result(call.id, [{"type": "text", "text": text}], is_error=True))
+            return False
+        kind, cid, value = _MSG.unpack(data)
+        if kind == WARM and len(fds) == 2:
+            self.warm.append(_Proc(cid, value, socket.socket(fileno=fds[0]), fds[1]))
+            self.wanted = False
+            return True
+        for fd in fds:
+            os.close(fd)
+        if kind == DEAD:
+            self.dead(cid, value)
+        elif kind == NOFORK:
+            self.wanted = False
+            if self.cur is None and self.queue:
+                call, _, _ = self.queue.popleft()
+                text = f"could not start a process for the call: {os.strerror(value)}"
+                self.answer(Result(call.id, [{"type": "text", "text": text}], is_error=True))
+        return True
 
     def dead(self, cid: int, status: int) -> None:
         """The slow path ends: Z has reaped call process ``cid`` and everything it left."""
