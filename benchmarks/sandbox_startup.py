@@ -7,7 +7,8 @@ new session, scratch dir as cwd), on a one-tool plugin written to a temp dir, an
 * idle memory of a ready worker's whole process tree (RSS and PSS, from /proc/<pid>/smaps_rollup);
 * calls/s and latency (p50, p99) of a trivial tool at concurrency 1 and 16 (median of ``--repeat``
   runs, configurations interleaved), with the worker tree's CPU per call:
-  - one worker driven directly over its IPC socket (``per_call`` strict and none, pooled strict);
+  - one worker driven directly over its IPC socket (``per_call`` strict and none, pooled strict,
+    and ``per_call`` strict with a plugin that imports logging, threading, random and the like);
   - the daemon's own ``WorkerPool`` (trio; up to ``max_concurrency`` = 4 workers, i.e. zygotes in
     ``per_call`` mode), ``per_call`` strict beside pooled strict;
 * ``--profile``: the zygote's per-phase timings of N sequential ``per_call`` calls
@@ -49,6 +50,9 @@ from sandbox import tool
 def echo(text: str) -> str:
     return text
 """
+#: The same tool in a plugin that imports what real plugins commonly do: every fork from its zygote
+#: carries those modules' state (and os.fork() would run their at-fork hooks).
+PLUGIN_TYPICAL_IMPORTS = "import decimal, json, logging, random, threading, urllib.parse\n" + PLUGIN
 
 
 def _site_dirs() -> list[str]:
@@ -371,6 +375,9 @@ def main() -> int:
     plugin_dir = tempfile.mkdtemp(prefix="toolcell-bench-plugin-")
     os.chmod(plugin_dir, 0o755)
     Path(plugin_dir, "bench_plugin.py").write_text(PLUGIN)
+    typical_dir = tempfile.mkdtemp(prefix="toolcell-bench-plugin-")
+    os.chmod(typical_dir, 0o755)
+    Path(typical_dir, "bench_plugin.py").write_text(PLUGIN_TYPICAL_IMPORTS)
     try:
         if args.profile:
             print(profile_per_call(plugin_dir, args.calls))
@@ -385,6 +392,8 @@ def main() -> int:
                 for mode, policy in (("per_call", "strict"), ("per_call", "none")):
                     direct.setdefault(f"{mode}/{policy} c={c}", []).append(
                         bench_direct(plugin_dir, policy, mode, args.calls, c))
+                direct.setdefault(f"per_call/strict, imports c={c}", []).append(
+                    bench_direct(typical_dir, "strict", "per_call", args.calls, c))
                 direct.setdefault(f"pooled/strict c={c}", []).append(
                     bench_direct(plugin_dir, "strict", "pooled", args.calls * 20, c))
                 for mode in ("per_call", "pooled"):
@@ -395,6 +404,7 @@ def main() -> int:
         report["env"]["loadavg_at_end"] = os.getloadavg()
     finally:
         shutil.rmtree(plugin_dir, ignore_errors=True)
+        shutil.rmtree(typical_dir, ignore_errors=True)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -411,10 +421,10 @@ def main() -> int:
     for title, rows, side in (("one worker, driven over its IPC socket", report["direct"], "driver"),
                               ("the daemon's WorkerPool (trio)", report["pool"], "daemon")):
         print(f"\n{title} (median of {args.repeat}):")
-        print(f"{'mode/policy c':22} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'worker CPU us/call':>19} "
+        print(f"{'mode/policy c':31} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'worker CPU us/call':>19} "
               f"{side + ' CPU us/call':>19}  runs")
         for k, v in rows.items():
-            print(f"{k:22} {v['calls_per_s']:>8} {v['p50_ms']:>8} {v['p99_ms']:>8} {v['worker_cpu_us_per_call']:>19} "
+            print(f"{k:31} {v['calls_per_s']:>8} {v['p50_ms']:>8} {v['p99_ms']:>8} {v['worker_cpu_us_per_call']:>19} "
                   f"{v[side + '_cpu_us_per_call']:>19}  {v['runs_calls_per_s']}"
                   + (f" errors {v['errors']}" if v.get("errors") else ""))
     return 0
