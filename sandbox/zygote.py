@@ -353,6 +353,7 @@ def _run_the_call(kit: _Kit, fd: int, marks: list[float]) -> None:
     if _PROFILE:
         marks += [_now_us(), _faults()]
         os.write(2, ("toolcell call profile: " + " ".join(f"{m:.0f}" for m in marks) + "\n").encode())
+    os.close(fd)  # tells R this process is about to exit (see _Relay.quiesce)
 
 
 def _warm_up() -> None:
@@ -1117,9 +1118,6 @@ class _Relay:
                     break
         if not (cur.answered or eof or exited):
             return
-        if cur.sock is not None:
-            cur.sock.close()
-            cur.sock = None
         cur.done_sent = True
         if cur.answered:
             # The fast path: make sure nothing of the call can act any more, let Z reap it later.
@@ -1128,29 +1126,27 @@ class _Relay:
             os.close(cur.pidfd)
             self.finish()
         else:
+            if cur.sock is not None:
+                cur.sock.close()
+                cur.sock = None
             self.ctl.send(_MSG.pack(DONE, cur.cid, 0))  # it died without a result: Z gives its status
 
     def quiesce(self, cur: _Proc) -> None:
         """SIGKILL the call's process and everything it left; return once each is dying (module doc)."""
         t = _now_us() if _PROFILE else 0.0
+        # Its last acts are closing its socket and exiting: wait (blocked, briefly) for the first.
+        if cur.sock is not None:
+            select.select([cur.sock.fileno(), cur.pidfd], [], [], 0.002)
+            cur.sock.close()
+            cur.sock = None
         try:
             signal.pidfd_send_signal(cur.pidfd, signal.SIGKILL)
         except ProcessLookupError:
             pass
         _kill_session(cur.pid)  # unreaped until our REAP, so the number is still its session's
-        # It normally exits by itself right after its Result: wait (briefly) for that before the walk.
-        stat_path = f"/proc/{cur.pid}/stat"
-        for _ in range(50):
-            try:
-                fields = _read(stat_path).rpartition(b")")[2].split()
-            except OSError:
-                break
-            if fields[0] in (b"Z", b"X") or int(fields[6]) & PF_EXITING:
-                break
-            time.sleep(0.00002)
         # A warm process Z has forked and R not heard of yet is told apart by its session, below.
         keep = {os.getpid(), cur.pid, *(w.pid for w in self.warm)}
-        pause = 0.00005
+        pause = 0.0001
         rounds = 0
         while True:
             rounds += 1
@@ -1189,7 +1185,7 @@ class _Relay:
                 todo += kids
             if all_dying:
                 break
-            time.sleep(pause)
+            select.select([cur.pidfd], [], [], pause)  # (a dying process needs a CPU to get there)
             pause = min(pause * 2, 0.005)
         if _PROFILE:
             self.prof["quiesce_us"].append(_now_us() - t)
