@@ -34,11 +34,13 @@ A C that dies or closes its socket without a ``Result`` takes the slow path inst
 (``DONE``), Z kills and reaps it (its wait status goes into the error ``Result`` R sends), kills and
 reaps what it left until nothing is left, and answers ``DEAD``; then R resets the files.
 
-Per-call layers, each a syscall with arguments Z prepared once: a new session, a nested Landlock
-domain that only scopes signals and abstract sockets (a call cannot signal Z, R or another C;
-ABI >= 6), and a second seccomp filter (``CALL_DENY``) against what a call could otherwise leave for
-the next one: the priority, scheduling, I/O priority or rlimits of another process of the same uid
-(Z, R, the warm C), and SysV IPC objects and POSIX message queues, which outlive their creator.
+Per-call layers: a nested Landlock domain that only scopes signals and abstract sockets (a call
+cannot signal Z, R or another C; ABI >= 6; one syscall with arguments Z prepared), and a session of
+its own once its call has arrived. On top of the worker's layers, Z loads a second seccomp filter
+(``CALL_DENY``) before anything forks, so every process here has it: it stops what a call could
+otherwise leave for the next one, the priority, scheduling, I/O priority or rlimits of another
+process of the same uid (Z, R, the warm C), and SysV IPC objects and POSIX message queues, which
+outlive their creator.
 
 The daemon's side is unchanged: calls in order, results in order, and a deadline or cancellation of
 the running call kills the whole worker (the pid namespace takes every process with it). Paths the
@@ -109,7 +111,8 @@ REAP, DONE, WANT = 11, 12, 13
 #: Call processes alive at once: the running one and one warm. The warm one a call gets was forked
 #: when the call before the previous one ended, so it has had a whole call's time to get ready.
 CALL_PROCESSES = 2
-#: Signals Z and R ignore (the daemon kills the whole tree; a stray SIGINT must not stop a call).
+#: Signals Z (and so R) ignores when it is not pid 1 of a namespace (pid 1 gets no unhandled signal
+#: from inside it anyway); call processes set them back.
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 _RESTORED = tuple(int(s) for s in _IGNORED if s != signal.SIGINT)
 _SIGINT = int(signal.SIGINT)
@@ -132,8 +135,8 @@ _PROFILE = os.environ.get("TOOLCELL_ZYGOTE_PROFILE") == "1"
 _raw_fork = ctypes.PyDLL(None).fork  # (errno: a failed fork is retried with os.fork for the error)
 _raw_fork.restype = ctypes.c_int
 _raw_fork.argtypes = []
-#: syscall(2) and prctl(2) for the call process's own set-up, also with the GIL held: a call that
-#: releases and takes the GIL again writes to its state, which costs a fault in every call process.
+#: syscall(2) and prctl(2) for the call process's own set-up, also called with the GIL held (no
+#: release and re-take around a call that cannot block).
 _gil_syscall = ctypes.PyDLL(None, use_errno=True).syscall
 _gil_syscall.restype = ctypes.c_long
 _gil_prctl = ctypes.PyDLL(None, use_errno=True).prctl
@@ -406,15 +409,16 @@ class _Dir:
 
     mode: int
     times: tuple[int, int]
-    #: Ours (the worker uid's): its mode, times and xattrs are restored. One that is not (a
-    #: directory root made on the way to scratch) a call cannot change either.
+    #: Ours (the worker uid's): its mode, times and xattrs are restored. One that is not (made by
+    #: root on the way to scratch) a call cannot change either.
     owned: bool
     xattrs: dict[str, bytes] = field(default_factory=dict)
     dirs: dict[str, _Dir] = field(default_factory=dict)
     #: name -> (mode, (atime_ns, mtime_ns), contents)
     files: dict[str, tuple[int, tuple[int, int], bytes]] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
-    #: Directories another file system is mounted on (the scratch tmpfs inside /tmp): left alone.
+    #: Directories another file system is mounted on (the scratch tmpfs inside /tmp), or that the
+    #: worker uid cannot list (nor, then, write to): left alone.
     mounts: set[str] = field(default_factory=set)
 
 
@@ -436,7 +440,11 @@ def _snapshot(dfd: int, dev: int) -> _Dir:
             if est.st_dev != dev:
                 node.mounts.add(e.name)
                 continue
-            sub = os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            try:
+                sub = os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except PermissionError:
+                node.mounts.add(e.name)
+                continue
             try:
                 node.dirs[e.name] = _snapshot(sub, dev)
             finally:
