@@ -184,6 +184,7 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef]) -> None:
     """Run calls in arrival order. Frames that arrive while a batch runs are absorbed between
     calls (without blocking), so a ``CancelCall`` for a call not yet started is honoured."""
     queue: collections.deque[Call] = collections.deque()
+    cancelled: set[int] = set()
     out: list[bytes] = []
     first_unsent = 0.0
 
@@ -198,11 +199,9 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef]) -> None:
             if isinstance(msg, Call):
                 queue.append(msg)
             elif isinstance(msg, CancelCall):
-                for queued in queue:
-                    if queued.id == msg.id:
-                        queue.remove(queued)
-                        out.append(encode_frame(Result(msg.id, [{"type": "text", "text": "cancelled"}], is_error=True)))
-                        break
+                # Answered in its turn, not now: the daemon matches results to calls in order.
+                if any(queued.id == msg.id for queued in queue):
+                    cancelled.add(msg.id)
             elif isinstance(msg, Shutdown):
                 return False
         return True
@@ -234,7 +233,11 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef]) -> None:
         call = queue.popleft()
         if not out:
             first_unsent = time.monotonic()
-        out.append(encode_result(run_call(tools, call, send)))
+        if call.id in cancelled:
+            cancelled.discard(call.id)
+            out.append(encode_frame(Result(call.id, [{"type": "text", "text": "cancelled"}], is_error=True)))
+        else:
+            out.append(encode_result(run_call(tools, call, send)))
         if not queue or time.monotonic() - first_unsent > FLUSH_AFTER_S:
             flush()
 
