@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import resource
 import select
 import signal
 import socket
@@ -36,11 +34,10 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import msgspec
-
 import mcpwire
+import msgspec
 import procstats
-from loadgen import LoadResult
+from loadgen import LoadResult, _client_cpu_s, percentile
 
 READ_CHUNK = 256 * 1024
 
@@ -59,23 +56,6 @@ class HttpLoadConfig(msgspec.Struct, frozen=True):
     connect_timeout_s: float = 30.0
 
 
-class HttpLoadResult(msgspec.Struct):
-    """One measured run. Latencies in milliseconds; CPU in seconds."""
-
-    concurrency: int
-    modern: bool
-    duration_s: float
-    calls: int
-    calls_per_s: float
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    max_ms: float
-    errors: int
-    statuses: dict[str, int]
-    client_cpu_s: float
-
-
 class HttpError(Exception):
     """The server answered something the load generator cannot use."""
 
@@ -90,18 +70,6 @@ class _Response(msgspec.Struct):
 
 _decode_response = msgspec.json.Decoder(_Response).decode
 _encode = msgspec.json.Encoder().encode
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    if not sorted_values:
-        return math.nan
-    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[index]
-
-
-def _client_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 class Endpoint:
@@ -370,35 +338,6 @@ def drive(plan: Plan, conns: list[Conn], seconds: float, record_from_ns: int) ->
     return out
 
 
-def measure(config: HttpLoadConfig) -> HttpLoadResult:
-    """Open the connections, check a call, warm up, then measure for ``config.seconds``."""
-    endpoint = Endpoint(config.url, config.token)
-    session = open_session(endpoint, config)
-    plan = Plan(endpoint, config, session)
-    conns = []
-    try:
-        for _ in range(config.concurrency):
-            conns.append(Conn(endpoint.connect()))
-        check_call(conns[0].sock, plan)
-        cpu0 = _client_cpu_s()
-        start = time.perf_counter_ns()
-        record_from = start + int(config.warmup_s * 1e9)
-        result = drive(plan, conns, config.warmup_s + config.seconds, record_from)
-        end = time.perf_counter_ns()
-        cpu = _client_cpu_s() - cpu0
-    finally:
-        for c in conns:
-            c.sock.close()
-    duration = (end - record_from) / 1e9
-    lat = sorted(v / 1e6 for v in result.latencies_ns)
-    return HttpLoadResult(
-        concurrency=config.concurrency, modern=config.modern, duration_s=round(duration, 3),
-        calls=len(lat), calls_per_s=round(len(lat) / duration, 1) if duration > 0 else 0.0,
-        p50_ms=round(percentile(lat, 0.50), 3), p90_ms=round(percentile(lat, 0.90), 3),
-        p99_ms=round(percentile(lat, 0.99), 3), max_ms=round(lat[-1], 3) if lat else math.nan,
-        errors=result.errors, statuses=result.statuses, client_cpu_s=round(cpu, 3))
-
-
 class HttpServer:
     """A server process started for one run: ``argv`` with ``{port}`` replaced by a free port."""
 
@@ -407,7 +346,7 @@ class HttpServer:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.argv = [a.replace("{port}", str(self.port)) for a in argv]
-        self.stderr = tempfile.TemporaryFile()
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(self.argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=self.stderr)
 
@@ -455,16 +394,17 @@ def measure_server(argv: Sequence[str], url_template: str, config: HttpLoadConfi
             conns.append(Conn(endpoint.connect()))
         check_call(conns[0].sock, plan)
         time.sleep(0.3)
-        pid = server.pid if server is not None else -1
-        rss_idle = procstats.memory_snapshot(pid)
-        cpu_before = procstats.cpu_snapshot(pid)
+        # A server we did not start is not ours to account: no CPU or memory figures for it.
+        pid = server.pid if server is not None else None
+        rss_idle = procstats.memory_snapshot(pid) if pid is not None else []
+        cpu_before = procstats.cpu_snapshot(pid) if pid is not None else {}
         client0 = _client_cpu_s()
         start = time.perf_counter_ns()
         record_from = start + int(config.warmup_s * 1e9)
         state = drive(plan, conns, config.warmup_s + config.seconds, record_from)
         end = time.perf_counter_ns()
-        cpu_after = procstats.cpu_snapshot(pid)
-        rss_loaded = procstats.memory_snapshot(pid)
+        cpu_after = procstats.cpu_snapshot(pid) if pid is not None else {}
+        rss_loaded = procstats.memory_snapshot(pid) if pid is not None else []
         client_cpu = _client_cpu_s() - client0
     finally:
         for c in conns:
@@ -505,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                             modern=args.modern, concurrency=args.concurrency, seconds=args.seconds,
                             warmup_s=args.warmup, token=args.token)
     try:
-        result = measure(config)
+        result = measure_server([], args.url, config)  # no command: the server at the URL
     except (HttpError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -24,11 +24,10 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+import http_loadgen
 import msgspec
-
 import report
 import targets
-import http_loadgen
 from loadgen import LoadConfig, measure
 from report import Run
 from stdio_peer import ServerError
@@ -63,6 +62,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="Streamable HTTP instead of stdio: C keep-alive connections, one call in flight on each",
     )
     parser.add_argument("--path", default="/mcp", help="endpoint path of --http --target commands")
+    parser.add_argument("--token", default=None,
+                        help="bearer token sent over HTTP (default: the one the toolcell target is configured with)")
     parser.add_argument("--concurrency", type=_int_list, default=[1, 16, 128], help="calls in flight, e.g. 1,16,128")
     parser.add_argument("--repeat", type=int, default=3, help="runs per point (the median is reported)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per run")
@@ -125,7 +126,7 @@ def run_all(servers: Sequence[targets.Target], args: argparse.Namespace) -> list
             if srv.url is not None:
                 hconfig = http_loadgen.HttpLoadConfig(
                     url=srv.url, tool=args.tool, arguments=args.arguments, modern=args.modern, concurrency=c,
-                    seconds=args.seconds, warmup_s=args.warmup, token=targets.BENCH_TOKEN)
+                    seconds=args.seconds, warmup_s=args.warmup, token=args.token or targets.BENCH_TOKEN)
                 result = http_loadgen.measure_server(srv.argv, srv.url, hconfig, cwd=srv.cwd)
             else:
                 result = measure(srv.argv, config, cwd=srv.cwd)

@@ -33,3 +33,37 @@ def test_run_py_measures_toolcell_and_the_sdk_side_by_side(transport: str, tmp_p
     assert heading in proc.stdout
     # The table has one row per server with a ratio against the SDK.
     assert any(line.startswith("toolcell") for line in proc.stdout.splitlines())
+
+
+def test_run_py_measures_a_running_http_server_given_by_url(tmp_path: Path) -> None:
+    # A server we did not start: measured by URL, with no CPU or memory figures for it.
+    import socket
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "peers" / "sdk_server.py"), "--http",
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the SDK server did not start"
+                time.sleep(0.1)
+        out = tmp_path / "bench.json"
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "run.py"), "--http", "--servers", "none", "--target",
+             f"peer=http://127.0.0.1:{port}/mcp", "--concurrency", "2", "--repeat", "1", "--seconds", "0.5",
+             "--warmup", "0.2", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (run,) = json.loads(out.read_text())["runs"]
+        assert run["server"] == "peer" and run["error"] is None, run
+        assert run["result"]["calls"] > 0 and run["result"]["errors"] == 0
+        assert run["result"]["rss_idle"] == [] and run["result"]["server_cpu_s"] == 0
+    finally:
+        server.kill()
+        server.wait()
