@@ -53,13 +53,9 @@ class Metrics:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """A tiny ASGI app: ``GET /metrics``."""
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            from runtime.transports.asgi import lifespan
+
+            return await lifespan(receive, send)
         if scope["type"] != "http":
             return
         if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):

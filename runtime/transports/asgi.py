@@ -125,6 +125,17 @@ class Responder:
         await self._send({"type": "http.response.body", "body": b""})
 
 
+async def lifespan(receive: Receive, send: Send) -> None:
+    """Answer an ASGI ``lifespan`` scope: nothing to set up or tear down beyond acknowledging."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 class BodyTooLarge(Exception):
     pass
 

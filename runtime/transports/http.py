@@ -49,6 +49,7 @@ from runtime.transports.asgi import (
     Responder,
     Send,
     accepts,
+    lifespan,
     read_body,
 )
 from runtime.transports.http_sessions import CallBox, LegacySession, PushStream, SessionTable
@@ -126,13 +127,7 @@ class HttpApp:
             status = r.status or 499  # 499: the client went away before an answer (nginx's convention)
             self.status_counts[status] = self.status_counts.get(status, 0) + 1
         elif kind == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send)
 
     async def _http(self, scope: dict[str, Any], receive: Receive, r: Responder) -> None:
         method = scope["method"]

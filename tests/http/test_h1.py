@@ -253,6 +253,7 @@ async def test_head_http10_and_connection_close() -> None:
     b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
     b"GET /x HTTP/1.1\r\nHost: x\r\nBad Header: \x00\r\n\r\n",
     b"GET /x HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n",
+    b"GET http://a:99999999/x HTTP/1.1\r\nHost: x\r\n\r\n",  # llhttp takes it; the URL parser does not
 ])
 async def test_malformed_requests_get_400_and_the_app_never_runs(request_bytes: bytes) -> None:
     async with running() as srv, client(srv) as c:
