@@ -137,9 +137,9 @@ def test_tokens_are_matched_by_hash_and_scopes_pick_tools() -> None:
 
 def test_the_http_config_is_checked() -> None:
     bad = HttpConfig(path="mcp", tokens=[Token(principal="", sha256="nothex")], max_body_bytes=0,
-                     principal_rate=RateLimit(per_s=0), metrics_listen="::1:2")
+                     principal_rate=RateLimit(per_s=0), metrics_listen="::1:2", engine="nginx", max_connections=0)
     problems = " ".join(check_http_config(bad))
     for fragment in ("http.path", "sha256", "principal must not be empty", "max_body_bytes", "principal_rate",
-                     "metrics_listen"):
+                     "metrics_listen", "http.engine 'nginx'", "max_connections"):
         assert fragment in problems
     assert check_http_config(HttpConfig()) == []
