@@ -16,6 +16,8 @@ Example::
     max_concurrency = 4
     max_output_bytes = 1048576
     max_processes = 64           # processes + threads of a worker, itself included (8..4096)
+    max_notifications = 1000     # progress + log notifications relayed per call (more are dropped)
+    max_notification_bytes = 65536  # one notification; a larger one is truncated
 
     [env]
     allow = ["TZ"]               # variables copied from the daemon's environment
@@ -105,6 +107,8 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
         # a worker is two processes (its reaper outside the pid namespace, and pid 1) before any fork;
         # a per_call zygote keeps a relay and a warm call process besides the running one
         ("max_processes", lim.max_processes, MIN_PROCESSES, MAX_PROCESSES),
+        ("max_notifications", lim.max_notifications, 0, 1_000_000),
+        ("max_notification_bytes", lim.max_notification_bytes, 256, 16 << 20),
     ):
         if not (low <= value <= high):
             problems.append(f"limits.{field} = {value}: must be between {low} and {high}")

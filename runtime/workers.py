@@ -48,6 +48,8 @@ import sandbox
 from runtime import egress
 from runtime.egress_rules import Grant
 from runtime.logs import log
+from runtime import worker_frames
+from runtime.worker_frames import FrameRejected
 from sandbox.isolation import cgroups
 from runtime.manifest import Manifest
 from sandbox import wire
@@ -296,9 +298,15 @@ class Worker:
                 raise WorkerFailure("output_cap", "the worker sent a frame over the size limit") from None
             if frames:
                 try:
-                    return wire.from_worker_decoder.decode(frames[0])
+                    msg = wire.from_worker_decoder.decode(frames[0])
                 except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, ValueError):
                     raise WorkerFailure("garbage", "the worker sent a malformed frame") from None
+                if type(msg) is wire.Ready:
+                    try:
+                        worker_frames.check_ready(msg)
+                    except FrameRejected as exc:
+                        raise WorkerFailure("garbage", f"the worker sent a malformed frame: {exc}") from None
+                return msg
             data = await self.recv(with_fds)
             self.buf += data
 
@@ -329,7 +337,7 @@ class Slot:
     """One call on its way through a pool. ``on_done(slot)`` runs once, when it has an outcome."""
 
     __slots__ = ("call", "frame", "on_event", "on_done", "event", "result", "error", "deadline", "abandoned",
-                 "finished")
+                 "finished", "notes", "note_bytes", "notes_dropped")
 
     def __init__(self, call: wire.Call, on_event: Callable[[Any], None] | None,
                  on_done: Callable[[Slot], None] | None = None) -> None:
@@ -345,6 +353,10 @@ class Slot:
         self.deadline = float("inf")
         self.abandoned = False
         self.finished = False
+        #: Progress/log notifications relayed so far, their bytes, and how many were dropped.
+        self.notes = 0
+        self.note_bytes = 0
+        self.notes_dropped = 0
 
     def finish(self) -> None:
         if self.finished:
@@ -736,7 +748,10 @@ class WorkerPool:
                     worker.sending = False
 
     async def _read_loop(self, worker: Worker) -> None:
-        """Match the worker's frames to its pending calls, in order."""
+        """Match the worker's frames to its pending calls, in order.
+
+        Every frame is untrusted (``runtime.worker_frames``): checked before anything uses it, and any
+        exception while handling one fails the running call and recycles the worker, never the pool."""
         decode = wire.from_worker_decoder.decode
         try:
             while True:
@@ -751,9 +766,11 @@ class WorkerPool:
                         raise WorkerFailure("garbage", "the worker sent a malformed frame") from None
                     pending = worker.pending
                     head = pending[0] if pending else None
-                    if type(msg) is wire.Result:
+                    kind = type(msg)
+                    if kind is wire.Result:
                         if head is None or msg.id != head.call.id:
                             raise WorkerFailure("garbage", "the worker answered a call it was not given")
+                        worker_frames.check_result(msg)
                         pending.popleft()
                         head.result = msg
                         worker.calls += 1
@@ -762,14 +779,16 @@ class WorkerPool:
                             self._start_deadline(pending[0])
                         else:
                             self._make_available(worker)
-                    elif type(msg) in (wire.Progress, wire.Log) and head is not None and msg.id == head.call.id:
-                        if head.on_event is not None:
-                            head.on_event(msg)
+                    elif (kind is wire.Progress or kind is wire.Log) and head is not None and msg.id == head.call.id:
+                        self._relay(head, msg, len(raw_frame))
                     else:
                         raise WorkerFailure("garbage", "the worker sent an unexpected frame")
                 if worker.dead:
                     return
                 worker.buf += await worker.recv()
+        except FrameRejected as exc:
+            if not worker.dead:
+                self._fail_worker(worker, WorkerFailure("garbage", f"the worker sent a malformed frame: {exc}"))
         except WorkerFailure as exc:
             if worker.dead:
                 return
@@ -778,6 +797,46 @@ class WorkerPool:
                     await worker.exited.wait()
                 exc = WorkerFailure("crashed", describe_exit(worker.proc.returncode))
             self._fail_worker(worker, exc)
+        except Exception as exc:  # our bug, triggered by what this worker sent: fail its call only
+            log("internal_error", level="error", where="worker frame", plugin=self.name,
+                error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            if not worker.dead:
+                self._fail_worker(worker, WorkerFailure("garbage", "the daemon could not handle what the worker sent"))
+
+    def _relay(self, slot: Slot, msg: Any, size: int) -> None:
+        """Pass one progress/log frame of ``slot`` to its client, within the call's budget.
+
+        Budget (``Limits``): at most ``max_notifications`` notifications whose bytes, together, stay within
+        ``max_output_bytes``; one over ``max_notification_bytes`` is truncated. Beyond the budget
+        notifications are dropped (the reader keeps draining the worker, so nothing piles up here) and
+        the log says so once per call."""
+        if type(msg) is wire.Log:
+            worker_frames.check_log(msg)
+        else:
+            worker_frames.check_progress(msg)
+        if slot.on_event is None:
+            return
+        limits = self.limits
+        if size > limits.max_notification_bytes:
+            if type(msg) is wire.Log:
+                msg = worker_frames.truncate_log(msg, size, limits.max_notification_bytes)
+            else:
+                msg = worker_frames.truncate_progress(msg, limits.max_notification_bytes)
+            size = min(size, limits.max_notification_bytes)
+            if not slot.notes_dropped and not slot.notes:
+                log("notification_truncated", level="warning", plugin=self.name, tool=slot.call.tool,
+                    limit_bytes=limits.max_notification_bytes)
+        if slot.notes >= limits.max_notifications or slot.note_bytes + size > limits.max_output_bytes:
+            if not slot.notes_dropped:
+                log("notification_budget_exhausted", level="warning", plugin=self.name, tool=slot.call.tool,
+                    relayed=slot.notes, relayed_bytes=slot.note_bytes, max_notifications=limits.max_notifications,
+                    max_output_bytes=limits.max_output_bytes,
+                    note="later progress/log notifications of this call are dropped")
+            slot.notes_dropped += 1
+            return
+        slot.notes += 1
+        slot.note_bytes += size
+        slot.on_event(msg)
 
     # -- teardown ------------------------------------------------------------------------------
 

@@ -46,6 +46,11 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_queue: int = 256
     #: Processes and threads of the worker, itself included (cgroup ``pids.max``, RLIMIT_NPROC).
     max_processes: int = 64
+    #: Progress and log notifications relayed to the client per call; later ones are dropped.
+    #: Their bytes also count against ``max_output_bytes`` (the call's one budget for all it sends).
+    max_notifications: int = 1000
+    #: Largest single progress or log notification (as sent by the worker); a larger one is truncated.
+    max_notification_bytes: int = 64 * 1024
 
 
 class Permissions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

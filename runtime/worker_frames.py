@@ -1,0 +1,123 @@
+"""Checking what a worker sends before the daemon does anything with it.
+
+A worker runs code nobody here has read, so every frame it sends is untrusted input to the daemon:
+msgspec's typed decode (``sandbox.wire``) fixes each frame's shape and field types, and this module
+checks the free-form values inside (log data, structured results, content items, tool metadata)
+before they are relayed, re-encoded as JSON or logged:
+
+* depth at most ``MAX_VALUE_DEPTH`` (a deep value would make the daemon's JSON encoder raise
+  ``RecursionError``, and many clients cannot read it either);
+* only JSON values: ``None``, booleans, integers, finite floats, strings, lists, and maps whose
+  keys are strings (msgpack also carries binary, extension types, timestamps, non-string keys and
+  NaN, which JSON cannot carry or which a client would misread);
+* at most ``MAX_VALUE_NODES`` values in one frame.
+
+The walk is iterative (no recursion of our own) and stops at the first problem, which it names in
+``FrameRejected``; the caller fails the call with it and recycles the worker.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sandbox import wire
+
+MAX_VALUE_DEPTH = 64
+MAX_VALUE_NODES = 1_000_000
+
+_SCALARS = (str, int, bool, type(None), bytes)
+
+
+class FrameRejected(Exception):
+    """A worker sent a value the daemon will not relay; the message says what was wrong."""
+
+
+def check_value(value: Any, what: str) -> None:
+    """Raise ``FrameRejected`` unless ``value`` is a JSON value within the depth and size bounds.
+
+    ``bytes`` are allowed (the JSON encoder writes them as base64, as before this check existed)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return
+    if kind is float:
+        if not math.isfinite(value):
+            raise FrameRejected(f"{what} contains a non-finite number (NaN or infinity)")
+        return
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    nodes = 0
+    push = stack.append
+    pop = stack.pop
+    while stack:
+        item, depth = pop()
+        nodes += 1
+        kind = type(item)
+        if kind is dict:
+            if depth >= MAX_VALUE_DEPTH:
+                raise FrameRejected(f"{what} is nested deeper than {MAX_VALUE_DEPTH} levels")
+            for key, child in item.items():
+                if type(key) is not str:
+                    raise FrameRejected(f"{what} has a map key that is not a string ({type(key).__name__})")
+                if type(child) in _SCALARS:
+                    nodes += 1
+                else:
+                    push((child, depth + 1))
+        elif kind is list:
+            if depth >= MAX_VALUE_DEPTH:
+                raise FrameRejected(f"{what} is nested deeper than {MAX_VALUE_DEPTH} levels")
+            for child in item:
+                if type(child) in _SCALARS:
+                    nodes += 1
+                else:
+                    push((child, depth + 1))
+        elif kind is float:
+            if not math.isfinite(item):
+                raise FrameRejected(f"{what} contains a non-finite number (NaN or infinity)")
+        elif kind not in _SCALARS:
+            raise FrameRejected(f"{what} contains a {kind.__name__}, which is not a JSON value")
+        if nodes > MAX_VALUE_NODES:
+            raise FrameRejected(f"{what} holds more than {MAX_VALUE_NODES} values")
+
+
+def check_result(msg: wire.Result) -> None:
+    """Content items and structured content of a ``Result``."""
+    for item in msg.content:
+        # The common item ({"type": "text", "text": ...}) is flat: no walk needed.
+        for child in item.values():
+            if type(child) not in _SCALARS:
+                check_value(msg.content, "the result's content")
+                break
+    if msg.has_structured:
+        check_value(msg.structured, "the result's structured content")
+
+
+def check_progress(msg: wire.Progress) -> None:
+    if not math.isfinite(msg.progress) or (msg.total is not None and not math.isfinite(msg.total)):
+        raise FrameRejected("a progress notification carries a non-finite number (NaN or infinity)")
+
+
+def check_log(msg: wire.Log) -> None:
+    if not 0 <= msg.level < len(wire.LOG_LEVELS):
+        raise FrameRejected(f"a log message has level {msg.level}, outside 0..{len(wire.LOG_LEVELS) - 1}")
+    check_value(msg.data, "a log message's data")
+
+
+def check_ready(msg: wire.Ready) -> None:
+    """The free-form parts of tool definitions (schemas are checked again by ``runtime.schemas``)."""
+    for spec in msg.tools:
+        for name in ("input_schema", "output_schema", "annotations", "icons", "meta"):
+            check_value(getattr(spec, name), f"tool {spec.name[:64]!r}'s {name}")
+
+
+def truncate_log(msg: wire.Log, size: int, cap: int) -> wire.Log:
+    """A log frame of ``size`` bytes, over the per-message cap, with its data replaced by a note."""
+    note = f"[truncated by toolcell: this log message was {size} bytes, over the {cap}-byte limit per message]"
+    logger = msg.logger[:256] if msg.logger is not None else None
+    return wire.Log(msg.id, msg.level, note, logger)
+
+
+def truncate_progress(msg: wire.Progress, cap: int) -> wire.Progress:
+    message = msg.message
+    if message is not None and len(message) > cap:
+        message = message[: max(0, cap - 40)] + " [truncated by toolcell]"
+    return wire.Progress(msg.id, msg.progress, msg.total, message)

@@ -1,0 +1,155 @@
+"""A hostile plugin attacks the trusted side: everything a worker sends is untrusted input.
+
+Each test runs a real ``toolcell serve --stdio`` under the default ``strict`` policy (pooled and
+per_call) with a plugin whose tools send values that are deep, huge, many or fast, or write
+hand-made frames straight onto the worker's channel. The rule checked every time: that call fails
+(or its notifications are cut to the call's budget) with a clear message, and the daemon keeps
+serving the same plugin and another client.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+
+from hostile_plugin_source import HOSTILE
+from stdio_peer import StdioPeer, open_toolcell, text_of
+
+LIMITS = {"timeout_s": 8, "max_concurrency": 2, "max_output_bytes": 65536, "max_notification_bytes": 16384}
+
+
+@pytest.fixture(params=["pooled", "per_call"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def plugins(make_plugin: Callable[..., Path], mode: str) -> Path:
+    return make_plugin("hostile", HOSTILE, limits=LIMITS, manifest={"isolation": mode})
+
+
+@pytest.fixture
+async def peer(plugins: Path, tmp_path: Path) -> AsyncIterator[StdioPeer]:
+    async with open_toolcell(plugins, policy="strict", stderr_path=tmp_path / "daemon.log") as p:
+        await p.initialize("2025-11-25")  # a legacy client: every log level is sent by default
+        yield p
+
+
+async def still_serving(peer: StdioPeer) -> None:
+    response = await peer.call("echo", {"text": "still here"})
+    assert response["result"]["content"] == [{"type": "text", "text": "still here"}], response
+    assert peer.proc.returncode is None
+
+
+def failed_with(response: Any, *fragments: str) -> str:
+    assert "error" not in response, response
+    assert response["result"].get("isError") is True, response
+    text = text_of(response)
+    for fragment in fragments:
+        assert fragment in text, text
+    return text
+
+
+def max_depth(value: Any) -> int:
+    depth, stack = 0, [(value, 1)]
+    while stack:
+        item, d = stack.pop()
+        depth = max(depth, d)
+        if isinstance(item, dict):
+            stack.extend((v, d + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, d + 1) for v in item)
+    return depth
+
+
+async def test_a_deeply_nested_log_message_fails_its_call_not_the_daemon(peer: StdioPeer) -> None:
+    response = await peer.call("deep_log", {"depth": 400})
+    failed_with(response, "nested")
+    for note in peer.notifications("notifications/message"):
+        assert max_depth(note) < 100
+    await still_serving(peer)
+
+
+async def test_a_deeply_nested_structured_result_fails_its_call(peer: StdioPeer) -> None:
+    response = await peer.call("deep_result", {"depth": 400})
+    failed_with(response, "nested")
+    await still_serving(peer)
+
+
+async def test_a_log_nested_within_the_limit_is_delivered(peer: StdioPeer) -> None:
+    response = await peer.call("deep_log", {"depth": 10})
+    assert response["result"]["content"] == [{"type": "text", "text": "logged"}], response
+    assert peer.notifications("notifications/message"), "the shallow log message was not relayed"
+
+
+@pytest.mark.parametrize("kind, fragment", [
+    ("deep_log", "malformed"),        # decodable but too deep to relay
+    ("bad_key_log", "malformed"),     # a map key that is not a string
+    ("ext_log", "malformed"),         # a msgpack extension type JSON cannot carry
+    ("nan_progress", "malformed"),    # NaN / infinity as progress
+    ("bad_level", "malformed"),       # a log level outside the table
+    ("surrogate_log", "malformed"),   # invalid UTF-8 in a string
+    ("wrong_id_log", "unexpected"),   # a frame for a call it was not given
+    ("ready_again", "unexpected"),    # a start-up frame in the middle of a call
+    ("truncated", "timed out"),       # a frame that never completes: the deadline ends the call
+])
+async def test_a_hand_made_frame_fails_its_call_and_recycles_the_worker(peer: StdioPeer, mode: str, kind: str,
+                                                                       fragment: str) -> None:
+    first = await peer.call("raw_frames", {"kind": kind}, timeout=30)
+    if mode == "per_call" and kind == "truncated":
+        # per_call: the call's process exits with the frame unfinished; the relay reports that.
+        failed_with(first, "without a result")
+    elif mode == "per_call" and not first["result"].get("isError"):
+        # per_call: the relay process between the call's process and the daemon forwards only frames it
+        # can decode that belong to the running call; the rest never reach the daemon.
+        assert kind in ("deep_log", "surrogate_log", "wrong_id_log", "ready_again"), first
+        assert not peer.notifications("notifications/message")
+    else:
+        failed_with(first, fragment)
+    await still_serving(peer)
+
+
+async def test_a_log_flood_is_cut_to_the_call_budget_and_the_daemon_stays_small(peer: StdioPeer) -> None:
+    daemon = psutil.Process(peer.proc.pid)
+    await still_serving(peer)
+    before = daemon.memory_info().rss
+    # 20,000 messages of 32 KiB: 640 MiB if the daemon relayed (and buffered) them all.
+    response = await peer.call("log_flood", {"count": 20000, "size": 32768}, timeout=60)
+    grown_mib = (daemon.memory_info().rss - before) / (1 << 20)
+    assert grown_mib < 96, f"the daemon grew by {grown_mib:.0f} MiB"
+    notes = [n for n in peer.notifications("notifications/message")]
+    sent = sum(len(str(n)) for n in notes)
+    assert sent < 4 << 20, f"{sent} bytes of log notifications reached the client"
+    # Either the call finished with its notifications cut, or it was stopped as a flood.
+    if response["result"].get("isError"):
+        failed_with(response, "limit")
+    assert "notification_budget_exhausted" in peer.stderr()
+    await still_serving(peer)
+
+
+async def test_a_progress_flood_is_cut_to_the_call_budget(peer: StdioPeer) -> None:
+    response = await peer.call("progress_flood", {"count": 5000, "size": 200000}, token="p1", timeout=60)
+    notes = [n for n in peer.notifications("notifications/progress") if n["params"]["progressToken"] == "p1"]
+    assert sum(len(str(n)) for n in notes) < 4 << 20
+    for note in notes:
+        assert len(note["params"].get("message", "")) <= 16384
+    assert "isError" in response["result"] or response["result"]["content"]
+    await still_serving(peer)
+
+
+async def test_calls_running_beside_a_hostile_one_are_not_disturbed(peer: StdioPeer) -> None:
+    hostile = [await peer.start_call("raw_frames", {"kind": "deep_log"}),
+               await peer.start_call("log_flood", {"count": 3000, "size": 30000})]
+    for i in range(10):
+        response = await peer.call("echo", {"text": f"bystander {i}"})
+        assert response["result"]["content"] == [{"type": "text", "text": f"bystander {i}"}], response
+    for request_id in hostile:
+        assert "result" in await peer.response(request_id, timeout=30)
+    await still_serving(peer)
