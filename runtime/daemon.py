@@ -25,7 +25,7 @@ from runtime.registry import Catalog
 from runtime.reload import fingerprint, stat_signature
 from runtime.spares import Spares
 from runtime.spares import installed as spares_installed
-from runtime.workers import PoolBusy, WorkerFailure, become_subreaper
+from runtime.workers import PoolBusy, WorkerFailure, become_subreaper, serve_reaper
 from sandbox import wire
 
 CallHook = Callable[[dict[str, Any]], None]
@@ -338,6 +338,7 @@ async def open_daemon(config: Config, describe_only: bool = False) -> AsyncItera
     except Exception as exc:  # never fatal: strict workers re-check their own cgroup layer
         log("cgroup_sweep_failed", level="warning", error=str(exc))
     async with trio.open_nursery() as nursery:
+        await nursery.start(serve_reaper)
         daemon = Daemon(config, nursery)
         try:
             await daemon.load(describe_only=describe_only)

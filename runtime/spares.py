@@ -35,7 +35,7 @@ from contextlib import contextmanager
 import trio
 
 from runtime.logs import log
-from runtime.workers import LIVE_WORKER_TOKENS, WORKER_MARKER, PoolSpec, kill_tree, spawn_process
+from runtime.workers import LIVE_WORKER_TOKENS, SPAWNED, WORKER_MARKER, PoolSpec, kill_tree, spawn_process
 
 #: Start the next spare at the latest this long after one was taken (``restock`` usually comes first).
 RESTOCK_AFTER_S = 5.0
@@ -143,6 +143,7 @@ async def _discard(spare: Spare) -> None:
     kill_tree(spare.proc.pid)
     spare.raw.close()
     await spare.proc.wait()
+    SPAWNED.pop(spare.proc.pid, None)
     if spare.proc.stdout is not None:
         await spare.proc.stdout.aclose()
     LIVE_WORKER_TOKENS.discard(spare.token)

@@ -146,28 +146,73 @@ def _is_escaped_worker_process(proc: psutil.Process) -> bool:
     return marker is not None and marker.rpartition(":")[2] not in LIVE_WORKER_TOKENS
 
 
-def sweep_orphans() -> int:
-    """Kill and reap our children that came from workers but are not live workers.
+#: Every process this daemon started itself (workers, spares), by pid, until trio has waited for it:
+#: only trio may reap those. Any other child is an orphan we adopted as child subreaper.
+SPAWNED: dict[int, trio.Process] = {}
 
-    With the daemon as child subreaper, a double-forked grandchild whose parent died is re-parented
-    to us; it still carries the worker's marker (or its command line). Nothing else is touched, so
-    an embedding process's own children are safe."""
+
+def sweep_orphans() -> int:
+    """Kill and reap the children we adopted: everything that is our child but not a process we started.
+
+    With the daemon as child subreaper, when a worker dies its pid-namespace init and any double-forked
+    grandchild whose parent died are re-parented to us. A dead one is reaped here (nothing else would
+    wait for it: it would stay a zombie until the daemon exits); a live one that carries the marker
+    of a worker that is gone is killed (and reaped at the next sweep). Nothing else is touched, so an
+    embedding process's own children are safe."""
     swept = 0
     try:
         children = psutil.Process().children()
     except psutil.Error:
         return 0
     for child in children:
-        if child.pid in LIVE_WORKER_PIDS or not _is_escaped_worker_process(child):
+        pid = child.pid
+        proc = SPAWNED.get(pid)
+        if proc is not None:
+            if proc.returncode is None:
+                continue  # ours: trio waits for it
+            del SPAWNED[pid]
+        if pid in LIVE_WORKER_PIDS:
             continue
         try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                child.kill()
-            os.waitpid(child.pid, os.WNOHANG)
-            swept += 1
+            if child.status() == psutil.STATUS_ZOMBIE:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    swept += 1
+                continue
         except (psutil.Error, ChildProcessError, OSError):
-            pass
+            continue
+        if _is_escaped_worker_process(child):
+            try:
+                child.kill()
+                swept += 1
+            except psutil.Error:
+                pass
     return swept
+
+
+async def serve_reaper(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Reap adopted children whenever one may have died (SIGCHLD), at most every 50 ms, and every
+    ``REAP_INTERVAL_S`` in any case (a signal may be missed while another sweep runs)."""
+    try:
+        receiver = trio.open_signal_receiver(signal.SIGCHLD)
+        signals: Any = receiver.__enter__()
+    except (RuntimeError, ValueError):  # not in the main thread (embedded): poll only
+        receiver, signals = None, None
+    task_status.started()
+    try:
+        while True:
+            with trio.move_on_after(REAP_INTERVAL_S):
+                if signals is not None:
+                    await signals.__anext__()
+                else:
+                    await trio.sleep_forever()
+            sweep_orphans()
+            await trio.sleep(0.05)
+    finally:
+        if receiver is not None:
+            receiver.__exit__(None, None, None)
+
+
+REAP_INTERVAL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -224,6 +269,7 @@ async def spawn_process(env: dict[str, str], cwd: str, spare: bool = False) -> t
         raise
     finally:
         child.close()
+    SPAWNED[proc.pid] = proc
     parent.setblocking(False)
     return proc, parent
 
@@ -915,6 +961,7 @@ class WorkerPool:
             LIVE_WORKER_TOKENS.discard(worker.token)
             if worker.proc.returncode is not None:
                 LIVE_WORKER_PIDS.discard(worker.pid)
+                SPAWNED.pop(worker.pid, None)
             sweep_orphans()
             with trio.CancelScope(shield=True):
                 # Whatever is left in the worker's cgroup dies with it; the cgroup goes away.

@@ -64,11 +64,22 @@ def _write(path: str, data: str) -> None:
 
 
 def _reap(child: int, alive_w: int, ident: identity.Identity | None) -> None:
-    """The parent left outside the pid namespace: wait for pid 1 and mirror its fate. Never returns."""
+    """The parent left outside the pid namespace: wait for pid 1 and mirror its fate. Never returns.
+
+    Every path ends in ``os._exit`` (the ``finally``): whatever fails here, this process must never
+    return into the worker's code, which would import the plugin outside the pid namespace. pid 1's
+    end is passed on unchanged: a signal by dying of the same signal (SIGKILL too), a status as is."""
+    code = 125
     try:
         os.closerange(3, alive_w)
         os.closerange(alive_w + 1, 1 << 20)
-        kill_child = lambda *_: os.kill(child, signal.SIGKILL)
+
+        def kill_child(*_: object) -> None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
+
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, kill_child)
         hygiene._on_orphaned.append(kill_child)  # the daemon died: take pid 1 (and so everything) along
@@ -80,17 +91,29 @@ def _reap(child: int, alive_w: int, ident: identity.Identity | None) -> None:
             try:
                 _, status = os.waitpid(child, 0)
                 break
-            except ChildProcessError:
-                os._exit(1)
+            except InterruptedError:
+                continue
         code = os.waitstatus_to_exitcode(status)
         if code < 0:
-            signal.signal(-code, signal.SIG_DFL)
-            os.kill(os.getpid(), -code)
-            code = 128 - code
-        os._exit(code)
+            sig = -code
+            code = 128 + sig
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                try:
+                    signal.signal(sig, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass
+            try:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+                os.kill(os.getpid(), sig)
+            except OSError:
+                pass
     except BaseException:  # noqa: BLE001 (whatever broke, the reaper must not outlive pid 1)
-        os.kill(child, signal.SIGKILL)
-        os._exit(125)
+        try:
+            os.kill(child, signal.SIGKILL)
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)
 
 
 def _fork_into_pid_ns(ident: identity.Identity | None, net: bool) -> Entered:
