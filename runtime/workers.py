@@ -38,7 +38,7 @@ import sys
 import sysconfig
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import msgspec
 import psutil
@@ -63,10 +63,17 @@ START_TIMEOUT_S = 20.0
 BATCH_MAX = 32
 
 
+#: How a call can fail because of its worker (``WorkerFailure.kind``; metrics and logs use these names).
+FailureKind = Literal["timeout", "cpu", "memory", "processes", "output_cap", "crashed", "garbage", "cancelled",
+                      "unavailable"]
+#: The kinds that are a limit firing (``toolcell_limit_kills_total``).
+LIMIT_KINDS = frozenset({"timeout", "cpu", "memory", "processes", "output_cap"})
+
+
 class WorkerFailure(Exception):
     """A call failed because of its worker; ``kind`` says how (for the client and for metrics)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: FailureKind, message: str) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
@@ -722,7 +729,7 @@ class WorkerPool:
 
     def _complete(self, slot: Slot) -> None:
         self.in_flight -= 1
-        if slot.error is not None and slot.error.kind in ("output_cap", "timeout"):
+        if slot.error is not None and slot.error.kind in LIMIT_KINDS:
             self.limit_kills += 1
         slot.finish()
 
@@ -821,6 +828,12 @@ class WorkerPool:
                         head.result = msg
                         worker.calls += 1
                         self._complete(head)
+                        if msg.retire is not None:
+                            # Calls sent after this one never run there: back to the pool's queue.
+                            log("worker_retired", level="warning", plugin=self.name, pid=worker.pid,
+                                reason=str(msg.retire)[:300])
+                            self._fail_worker(worker, WorkerFailure("unavailable", "the worker retired"))
+                            return
                         if pending:
                             self._start_deadline(pending[0])
                         else:
@@ -841,7 +854,7 @@ class WorkerPool:
             if exc.kind == "crashed":
                 with trio.move_on_after(0.5):
                     await worker.exited.wait()
-                exc = WorkerFailure("crashed", describe_exit(worker.proc.returncode))
+                exc = explain_exit(worker.proc.returncode, worker.pid, self.limits)
             self._fail_worker(worker, exc)
         except Exception as exc:  # our bug, triggered by what this worker sent: fail its call only
             log("internal_error", level="error", where="worker frame", plugin=self.name,
@@ -957,7 +970,7 @@ class WorkerPool:
                 self.restarts += 1
                 log("worker_exited", level="warning", plugin=self.name, pid=worker.pid,
                     returncode=worker.proc.returncode)
-            self._fail_worker(worker, WorkerFailure("crashed", describe_exit(worker.proc.returncode)))
+            self._fail_worker(worker, explain_exit(worker.proc.returncode, worker.pid, self.limits))
             LIVE_WORKER_TOKENS.discard(worker.token)
             if worker.proc.returncode is not None:
                 LIVE_WORKER_PIDS.discard(worker.pid)
@@ -992,6 +1005,7 @@ class WorkerPool:
 
 
 def describe_exit(returncode: int | None) -> str:
+    """A worker's end in words, from its exit status alone (``explain_exit`` knows the limits too)."""
     if returncode is None:
         return "the worker process stopped answering"
     if returncode < 0:
@@ -999,9 +1013,25 @@ def describe_exit(returncode: int | None) -> str:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        hint = " (a memory or CPU limit, or an external kill)" if name in ("SIGKILL", "SIGXCPU") else ""
-        return f"the worker process was killed by {name}{hint}"
-    return f"the worker process exited unexpectedly with status {returncode}"
+        return f"the worker process crashed: killed by {name}"
+    return f"the worker process crashed: it exited with status {returncode}"
+
+
+def explain_exit(returncode: int | None, worker_id: int, limits: wire.Limits) -> WorkerFailure:
+    """Why a worker ended, by name: a limit that fired (memory, CPU, processes) or a crash."""
+    from sandbox.call_guard import CPU_LIMIT_EXIT
+
+    if returncode in (CPU_LIMIT_EXIT, -signal.SIGXCPU):
+        return WorkerFailure("cpu", f"exceeded its CPU limit ({limits.cpu_s} s of CPU for one call)")
+    try:
+        events = cgroups.limit_events(worker_id)
+    except Exception:  # noqa: BLE001 (reading the cgroup is best effort)
+        events = {}
+    if events.get("oom_kill"):
+        return WorkerFailure("memory", f"ran out of memory (its limit is {limits.memory_mb} MB) and was killed")
+    if returncode is not None and returncode < 0 and events.get("pids_max"):
+        return WorkerFailure("processes", f"hit its limit of {limits.max_processes} processes and threads and was killed")
+    return WorkerFailure("crashed", describe_exit(returncode))
 
 
 def _fmt_s(seconds: float) -> str:

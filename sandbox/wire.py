@@ -165,6 +165,8 @@ class Result(msgspec.Struct, tag="result", frozen=True, array_like=True):
     is_error: bool = False
     #: For an error raised by the tool: the traceback, for the daemon log only (never the client).
     traceback: Union[str, None] = None
+    #: The worker ends after this result (the call left something running): send it nothing more.
+    retire: Union[str, None] = None
 
 
 FromWorker = Union[Ready, LoadFailed, Progress, Log, Result, EgressListener]

@@ -16,6 +16,7 @@ Never imports trio.
 from __future__ import annotations
 
 import collections
+import errno
 import importlib
 import inspect
 import os
@@ -28,6 +29,7 @@ from typing import Any
 import msgspec
 
 from sandbox import api
+from sandbox.call_guard import LEFTOVER_EXIT, CallGuard
 from sandbox.wire import (
     Call,
     CancelCall,
@@ -160,11 +162,21 @@ def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any) -> Result:
         return Result(call.id, [{"type": "text", "text": str(exc) or type(exc).__name__}], is_error=True)
     except Exception as exc:  # the plugin's fault: report the message, keep the traceback for the log
         message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if _out_of_processes(exc):
+            message = (f"{message} (a process or thread could not be started: the tool is at its limit of "
+                       "processes and threads, limits.max_processes)")
         return Result(
             call.id, [{"type": "text", "text": message}], is_error=True, traceback=traceback.format_exc(limit=20)
         )
     finally:
         api._set_current(None)
+
+
+def _out_of_processes(exc: BaseException) -> bool:
+    """A thread start or (most likely) a fork refused at the worker's process limit (pids.max, NPROC)."""
+    if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
+        return True
+    return type(exc) is BlockingIOError and exc.errno == errno.EAGAIN and exc.filename is None
 
 
 def encode_result(result: Result) -> bytes:
@@ -180,9 +192,13 @@ def encode_result(result: Result) -> bytes:
 FLUSH_AFTER_S = 0.002
 
 
-def serve(chan: Channel, tools: dict[str, api.ToolDef]) -> None:
+def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
     """Run calls in arrival order. Frames that arrive while a batch runs are absorbed between
-    calls (without blocking), so a ``CancelCall`` for a call not yet started is honoured."""
+    calls (without blocking), so a ``CancelCall`` for a call not yet started is honoured.
+
+    ``cpu_s``: each call's CPU budget; a call that leaves a thread or a process running ends this
+    worker after its result is sent (``sandbox.call_guard``)."""
+    guard = CallGuard(cpu_s) if cpu_s else None
     queue: collections.deque[Call] = collections.deque()
     cancelled: set[int] = set()
     out: list[bytes] = []
@@ -236,8 +252,20 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef]) -> None:
         if call.id in cancelled:
             cancelled.discard(call.id)
             out.append(encode_frame(Result(call.id, [{"type": "text", "text": "cancelled"}], is_error=True)))
-        else:
+        elif guard is None:
             out.append(encode_result(run_call(tools, call, send)))
+        else:
+            guard.before()
+            result = run_call(tools, call, send)
+            left = guard.after()
+            if left is not None:
+                # The daemon sends this worker nothing more and requeues what it had sent after this call.
+                reason = f"call {call.tool!r} left {left} running"
+                out.append(encode_result(msgspec.structs.replace(result, retire=reason)))
+                flush()
+                os.write(2, f"toolcell worker: {reason}; this worker retires and a fresh one takes its place\n".encode())
+                os._exit(LEFTOVER_EXIT)
+            out.append(encode_result(result))
         if not queue or time.monotonic() - first_unsent > FLUSH_AFTER_S:
             flush()
 
@@ -291,7 +319,7 @@ def main(fd: int = IPC_FD, spare: bool = False) -> None:
 
         zygote.serve(chan, tools, init)
     else:
-        serve(chan, tools)
+        serve(chan, tools, init.limits.cpu_s)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ import fcntl
 import gc
 import os
 import select
+import resource
 import signal
 import socket
 import stat
@@ -231,6 +232,8 @@ class _Kit:
     deathsig_args: tuple[Any, ...] = ()
     #: ``random.seed`` when the plugin imported ``random``
     reseed: Any = None
+    #: ``limits.cpu_s``: each call process's own CPU budget (a fresh process starts at zero)
+    cpu_s: int = 0
 
 
 def _prctl_args(option: int, arg2: int = 0) -> tuple[Any, ...]:
@@ -348,6 +351,9 @@ def _run_the_call(kit: _Kit, fd: int, marks: list[float]) -> None:
     # Only now its own session: until then it shares Z's, which no call's process can ever join,
     # and that is how R tells a warm process from something a call left (see _Relay.quiesce).
     os.setsid()
+    if kit.cpu_s:
+        # SIGXCPU (default: end the process) at the budget, SIGKILL a second later if it is ignored.
+        resource.setrlimit(resource.RLIMIT_CPU, (kit.cpu_s, kit.cpu_s + 1))
 
     def send(msg: Any) -> None:
         _write_all(fd, encode_frame(msg))
@@ -392,6 +398,8 @@ def describe_status(status: int) -> str:
     if status < 0:
         return "exit status unknown"
     code = os.waitstatus_to_exitcode(status)
+    if code == -signal.SIGXCPU:
+        return "exceeded its CPU limit (limits.cpu_s of CPU for one call)"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -1246,6 +1254,11 @@ def serve(chan: Any, tools: dict[str, api.ToolDef], init: Init) -> None:
         except OSError:
             pass
     kit = _make_kit(tools, init)
+    kit.cpu_s = init.limits.cpu_s
+    # Z and R serve every call of this worker's life: no CPU budget of their own (each call process
+    # gets one; see _run_the_call).
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
     reset = _Reset(_reset_roots(init))
     try:  # fewer resident pages: every fork copies their page table entries, every exit drops them
         syscalls.libc.malloc_trim(0)

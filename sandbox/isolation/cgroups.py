@@ -140,6 +140,27 @@ def create_and_join(worker_id: int | str, memory_mb: int, pids_max: int) -> Layo
     return lay
 
 
+def limit_events(worker_id: int | str) -> dict[str, int]:
+    """How often the worker's cgroup hit its limits: ``oom_kill`` (processes the kernel killed for
+    memory) and ``pids_max`` (forks refused at ``pids.max``). Zero for what cannot be read."""
+    out = {"oom_kill": 0, "pids_max": 0}
+    lay = layout(worker_id)
+    if lay is None:
+        return out
+    for d in lay.dirs:
+        for name, key, field in (("memory.events", "oom_kill", "oom_kill"), ("memory.oom_control", "oom_kill", "oom_kill"),
+                                 ("pids.events", "pids_max", "max")):
+            try:
+                with open(os.path.join(d, name)) as f:
+                    for line in f:
+                        parts = line.split()
+                        if len(parts) == 2 and parts[0] == field and parts[1].isdigit():
+                            out[key] = max(out[key], int(parts[1]))
+            except OSError:
+                pass
+    return out
+
+
 def members(worker_id: int | str) -> list[int]:
     """Pids currently in the worker's cgroup (empty when it does not exist)."""
     lay = layout(worker_id)

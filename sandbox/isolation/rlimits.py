@@ -24,7 +24,10 @@ def apply(limits: Limits) -> None:
     _cap(resource.RLIMIT_CORE, 0)
     _cap(resource.RLIMIT_NOFILE, limits.max_open_files)
     _cap(resource.RLIMIT_FSIZE, limits.max_file_size_mb * 1024 * 1024)
-    _cap(resource.RLIMIT_CPU, limits.cpu_s)
+    # CPU is a budget per call (``sandbox.call_guard``, ``sandbox.zygote``): only the soft limit is set
+    # here, so that it can be moved on before each call; the hard one stays where it was.
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s if hard == resource.RLIM_INFINITY else min(limits.cpu_s, hard), hard))
     _cap(resource.RLIMIT_AS, (max(limits.memory_mb, 64) + AS_SLACK_MB) * 1024 * 1024)
 
 
