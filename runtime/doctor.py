@@ -90,8 +90,28 @@ def render(report: dict[str, Any]) -> tuple[str, bool]:
     out.append(f"  compat  can run with: {', '.join(have)}" + (f" (without {', '.join(missing)})" if missing else ""))
     out.append("  none    can run (hygiene and rlimits only: unsafe, plugins run unsandboxed)")
     out.append("")
+    out.append("Host resources a worker could reach by a path:")
+    if layers.get("seccomp", {}).get("available"):
+        out.append("  unix sockets  closed: seccomp refuses socket(AF_UNIX) in every worker (socketpair only),")
+        out.append("                so no host socket (database, container engine, agent) can be connected to")
+    else:
+        out.append("  unix sockets  REACHABLE under compat/none: without seccomp a worker can connect to any")
+        out.append("                world-writable path socket of the host (strict refuses to start it)")
+    watch_ok, watch_detail = file_watching()
+    out.append(f"File watching (hot reload): {'available' if watch_ok else 'UNAVAILABLE'}: {watch_detail}")
+    out.append("")
     out.append(f"interpreter: {report.get('python', '?')}   euid: {report.get('euid', '?')}")
     return "\n".join(out), strict_ok
+
+
+def file_watching() -> tuple[bool, str]:
+    """Whether plugin folders can be watched for changes (``watchfiles``), and what to do if not."""
+    try:
+        import watchfiles
+    except Exception as exc:  # noqa: BLE001 (any import failure means the same thing here)
+        return False, (f"watchfiles cannot be imported ({type(exc).__name__}: {exc}); plugins reload only on SIGHUP "
+                       "or `toolcell reload`. Fix: pip install watchfiles")
+    return True, f"watchfiles {getattr(watchfiles, '__version__', '?')}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,7 +186,17 @@ def probe_seccomp(_: int) -> str:
     seccomp.load_library()
     syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)
     denied = seccomp.build_and_load(allow_inet=False)
-    return f"libseccomp filter denying {len(denied)} syscalls"
+    import socket
+
+    try:
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+    except PermissionError:
+        pass
+    else:
+        raise OSError("the filter loaded but socket(AF_UNIX) still works")
+    socket.socketpair()[0].close()
+    return (f"libseccomp filter denying {len(denied)} syscalls; host unix sockets closed: "
+            "no new AF_UNIX socket (socketpair only)")
 
 
 PROBES: dict[str, Callable[[int], str]] = {

@@ -9,8 +9,11 @@ serving the same plugin and another client.
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +156,77 @@ async def test_calls_running_beside_a_hostile_one_are_not_disturbed(peer: StdioP
     for request_id in hostile:
         assert "result" in await peer.response(request_id, timeout=30)
     await still_serving(peer)
+
+
+UNIX_CLIENT = r'''
+import socket
+
+from sandbox import tool
+
+
+@tool
+def connect_unix(path: str) -> str:
+    """Connect to a path-based unix socket of the host and read its greeting."""
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(path)
+        return "connected: " + s.recv(64).decode()
+    except OSError as exc:
+        return f"refused: {type(exc).__name__}: {exc}"
+
+
+@tool
+def pair() -> str:
+    """socketpair still works (it reaches nothing)."""
+    a, b = socket.socketpair()
+    a.sendall(b"ok")
+    return b.recv(2).decode()
+'''
+
+
+@pytest.fixture
+def host_socket(tmp_path: Path) -> Iterator[str]:
+    """A world-writable listening unix socket in a host folder every worker can see (/run), as a
+    database's or a container engine's would be; it greets whoever connects."""
+    path = f"/run/toolcell-test-{os.getpid()}-{tmp_path.name[-12:]}.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen(8)
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            conn.sendall(b"host secret service")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        thread.join(2)
+        server.close()
+        os.unlink(path)
+
+
+@pytest.mark.parametrize("policy", ["strict", "none"])
+async def test_a_host_unix_socket_is_out_of_reach_under_strict(make_plugin: Callable[..., Path], tmp_path: Path,
+                                                               host_socket: str, mode: str, policy: str) -> None:
+    plugins = make_plugin("unixclient", UNIX_CLIENT, manifest={"isolation": mode}, root=f"u-{mode}")
+    async with open_toolcell(plugins, policy=policy, stderr_path=tmp_path / "d.log") as peer:
+        await peer.initialize()
+        text = text_of(await peer.call("connect_unix", {"path": host_socket}))
+        if policy == "none":
+            # The canary: unsandboxed, the same attack succeeds, so the test can see its own success.
+            assert text == "connected: host secret service", text
+        else:
+            assert text.startswith("refused: PermissionError"), text
+        assert text_of(await peer.call("pair")) == "ok"
