@@ -16,17 +16,31 @@ from runtime import __version__, logs
 from runtime.config import Config, ConfigError, load_config
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_common(p: argparse.ArgumentParser, plugins: bool = True) -> None:
     p.add_argument("--config", help="TOML config file")
-    p.add_argument("--plugins", action="append", metavar="DIR",
-                   help="plugin folder (a plugin, or a folder of plugins); repeatable; default: the bundled plugins")
+    if plugins:
+        p.add_argument("--plugins", action="append", metavar="DIR",
+                       help="plugin folder (a plugin, or a folder of plugins); repeatable; default: the bundled plugins")
     p.add_argument("--policy", choices=["strict", "compat", "none"], help="isolation policy (default strict)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
 
 def _config(args: argparse.Namespace, **extra: Any) -> Config:
-    overrides = {"plugins": args.plugins, "policy": args.policy, "log_level": args.log_level, **extra}
+    overrides = {"plugins": getattr(args, "plugins", None), "policy": getattr(args, "policy", None),
+                 "log_level": getattr(args, "log_level", None), **extra}
     return load_config(args.config, overrides)
+
+
+def _missing_folders(cfg: Config) -> list[str]:
+    return [p for p in cfg.plugins if not os.path.exists(p)]
+
+
+def _refuse_missing(command: str, cfg: Config) -> bool:
+    """Print an error for plugin folders that do not exist (a typo would otherwise mean no tools)."""
+    missing = _missing_folders(cfg)
+    for path in missing:
+        print(f"toolcell {command}: plugin folder {path} does not exist", file=sys.stderr)
+    return bool(missing)
 
 
 def table(rows: list[list[str]], headers: list[str]) -> str:
@@ -62,6 +76,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not (args.stdio or args.http is not None or args.unix):
         print("toolcell serve: choose a transport: --stdio, --http [HOST:PORT] and/or --unix PATH", file=sys.stderr)
         return 2
+    missing = _missing_folders(cfg)
+    if missing and not cfg.watch:
+        _refuse_missing("serve", cfg)
+        return 2
+    for path in missing:
+        print(f"toolcell serve: warning: plugin folder {path} does not exist; serving without it and watching "
+              "for it to appear", file=sys.stderr)
     try:
         trio.run(_serve, cfg, args)
     except Exception as exc:  # a listener that cannot bind, an unsafe address: say so plainly
@@ -107,13 +128,21 @@ def _limits(plugin: Any) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    if _refuse_missing("list", cfg):
+        return 2
     logs.configure("error")
     daemon = trio.run(_describe, cfg)
     if args.json:
-        out = [{"name": e.name, "plugin": e.plugin, "description": e.checked.spec.description}
-               for e in daemon.catalog.entries]
-        print(json.dumps(out, indent=2))
-        return 0
+        tools = [{"name": e.name, "plugin": e.plugin, "description": e.checked.spec.description}
+                 for e in daemon.catalog.entries]
+        everyone = sorted(list(daemon.plugins.values()) + daemon.failed, key=lambda p: p.name)
+        plugins_out = [{"name": p.name, "path": str(p.path), "status": "ok" if p.ok else "refused",
+                        "version": p.manifest.version if p.manifest else None,
+                        "mode": p.manifest.isolation if p.manifest else None,
+                        "tools": len(p.entries), "limits": _limits(p), "permissions": _permissions(p),
+                        "problems": list(p.problems), "conflicts": list(p.conflicts)} for p in everyone]
+        print(json.dumps({"tools": tools, "plugins": plugins_out}, indent=2))
+        return 0 if not daemon.failed else 1
     rows = [[e.name, e.plugin, e.checked.spec.description.split("\n")[0]] for e in daemon.catalog.entries]
     print(table(rows, ["TOOL", "PLUGIN", "DESCRIPTION"]))
     print()
@@ -135,6 +164,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     cfg = _config(args, plugins=[args.plugin_dir])
+    if _refuse_missing("check", cfg):
+        return 2
     logs.configure("error")
     daemon = trio.run(_describe, cfg)
     plugins = list(daemon.plugins.values()) + daemon.failed
@@ -186,6 +217,8 @@ async def _call(cfg: Config, name: str, arguments: Any) -> tuple[int, Any]:
 
 def cmd_call(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    if _refuse_missing("call", cfg):
+        return 2
     logs.configure(cfg.log_level if args.log_level else "warning")
     try:
         arguments = json.loads(args.arguments) if args.arguments else {}
@@ -198,25 +231,32 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    from runtime.reload import pidfile_path, send_reload
+    from runtime.reload import running_daemons, send_reload
 
     cfg = _config(args)
-    try:
-        pid = send_reload(cfg.state_dir)
-    except (OSError, ValueError) as exc:
-        print(f"toolcell reload: no running daemon found via {pidfile_path(cfg.state_dir)}: {exc}", file=sys.stderr)
+    daemons = running_daemons(cfg.state_dir)
+    if args.pid is not None:
+        daemons = [d for d in daemons if d[0] == args.pid]
+    if not daemons:
+        which = f"daemon {args.pid}" if args.pid is not None else "running daemon"
+        print(f"toolcell reload: no {which} found (pidfiles in {cfg.state_dir})", file=sys.stderr)
         return 1
-    print(f"toolcell reload: asked daemon {pid} to reload its plugins")
-    return 0
+    failed = 0
+    for pid, serving in daemons:
+        try:
+            send_reload(pid)
+        except OSError as exc:
+            print(f"toolcell reload: could not signal daemon {pid}: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"toolcell reload: asked daemon {pid} ({serving or 'no address recorded'}) to reload its plugins")
+    return 1 if failed else 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    try:
-        from runtime import doctor
-    except ImportError:
-        print("toolcell doctor: not available in this build", file=sys.stderr)
-        return 2
-    return int(doctor.main(args.rest))
+    from runtime import doctor
+
+    return int(doctor.main(["--json"] if args.json else []))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -247,16 +287,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=cmd_call)
 
     p = sub.add_parser("check", help="validate a plugin and report every problem")
-    _add_common(p)
+    _add_common(p, plugins=False)
     p.add_argument("plugin_dir")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("reload", help="ask the running daemon to reload its plugin folders (SIGHUP)")
-    _add_common(p)
+    p = sub.add_parser("reload", help="ask the running daemon(s) to reload their plugin folders (SIGHUP)")
+    p.add_argument("--config", help="TOML config file (for its state_dir, where daemons keep their pidfiles)")
+    p.add_argument("--pid", type=int, help="reach only this daemon (default: every daemon using this state dir)")
     p.set_defaults(func=cmd_reload)
 
     p = sub.add_parser("doctor", help="probe which isolation layers this machine supports")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.add_argument("--json", action="store_true", help="print the probe's report as JSON")
     p.set_defaults(func=cmd_doctor)
 
     args = parser.parse_args(argv)

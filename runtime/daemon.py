@@ -25,7 +25,7 @@ from runtime.registry import Catalog
 from runtime.reload import fingerprint, stat_signature
 from runtime.spares import Spares
 from runtime.spares import installed as spares_installed
-from runtime.workers import PoolBusy, WorkerFailure, become_subreaper, serve_reaper
+from runtime.workers import PoolBusy, WorkerFailure, become_subreaper, serve_reaper, sweep_stale_scratch
 from sandbox import wire
 
 CallHook = Callable[[dict[str, Any]], None]
@@ -331,6 +331,7 @@ class Daemon:
 @asynccontextmanager
 async def open_daemon(config: Config, describe_only: bool = False) -> AsyncIterator[Daemon]:
     become_subreaper()
+    sweep_stale_scratch(config.state_dir)
     try:
         from sandbox.isolation import cgroups
 

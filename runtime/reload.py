@@ -99,24 +99,56 @@ def fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
-def pidfile_path(state_dir: str) -> str:
-    return os.path.join(state_dir, "toolcell.pid")
+PIDFILE_PREFIX = "toolcell-"
 
 
-def write_pidfile(state_dir: str) -> str:
+def pidfile_path(state_dir: str, pid: int | None = None) -> str:
+    """One pidfile per daemon (``toolcell-<pid>.pid``): two daemons sharing a state dir never touch
+    each other's, and ``toolcell reload`` can say which daemon it reached."""
+    return os.path.join(state_dir, f"{PIDFILE_PREFIX}{os.getpid() if pid is None else pid}.pid")
+
+
+def write_pidfile(state_dir: str, serving: str = "") -> str:
+    """Write this daemon's pidfile: its pid, then what it serves (addresses, plugin folders)."""
     os.makedirs(state_dir, mode=0o711, exist_ok=True)
     path = pidfile_path(state_dir)
     with open(path, "w") as f:
-        f.write(f"{os.getpid()}\n")
+        f.write(f"{os.getpid()}\n{serving}\n")
     return path
 
 
-def send_reload(state_dir: str) -> int:
-    """``toolcell reload``: signal the running daemon; returns its pid. Raises OSError/ValueError."""
-    with open(pidfile_path(state_dir)) as f:
-        pid = int(f.read().strip())
+def running_daemons(state_dir: str) -> list[tuple[int, str]]:
+    """(pid, what it serves) of every daemon with a pidfile in ``state_dir`` whose process is alive;
+    pidfiles of daemons that are gone are removed."""
+    found = []
+    try:
+        names = sorted(os.listdir(state_dir))
+    except OSError:
+        return []
+    for name in names:
+        if not (name.startswith(PIDFILE_PREFIX) and name.endswith(".pid")):
+            continue
+        path = os.path.join(state_dir, name)
+        try:
+            with open(path) as f:
+                lines = f.read().split("\n")
+            pid = int(lines[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            continue
+        except (OSError, ValueError):
+            continue
+        found.append((pid, lines[1].strip() if len(lines) > 1 else ""))
+    return found
+
+
+def send_reload(pid: int) -> None:
+    """``toolcell reload``: signal one running daemon. Raises OSError."""
     os.kill(pid, signal.SIGHUP)
-    return pid
 
 
 async def serve_sighup(daemon: Daemon) -> None:
@@ -126,30 +158,92 @@ async def serve_sighup(daemon: Daemon) -> None:
             await daemon.reload()
 
 
-async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
-    """Reload whenever files under the plugin folders change (debounced)."""
+def _anchor(path: str) -> str:
+    """The nearest existing ancestor of ``path`` (``/`` at worst): where its appearance can be seen."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(parent) and parent != os.path.dirname(parent):
+        parent = os.path.dirname(parent)
+    return parent
+
+
+def _watch_plan(folders: list[str]) -> tuple[list[str], list[str]]:
+    """(folders to watch recursively, ancestors to watch for those folders being created, removed or
+    replaced). inotify watches inodes: a folder removed and made again, or swapped by a rename, is a
+    new inode the old watch never sees, so each folder's parent is watched (one level) as well."""
+    trees = [os.path.abspath(p) for p in folders if os.path.isdir(p)]
+    anchors = sorted({_anchor(p) for p in folders})
+    return trees, anchors
+
+
+def import_watchfiles() -> Any:
+    """``watchfiles``, or None after a loud warning saying what is lost and how to fix it."""
     try:
         import watchfiles
-    except ImportError:  # pragma: no cover - watchfiles is a dependency
-        log("watcher_unavailable", level="warning")
+    except Exception as exc:  # noqa: BLE001 (any failure to import means no watching)
+        log("watcher_unavailable", level="error", error=f"{type(exc).__name__}: {exc}",
+            note="plugin folders are NOT watched: changes are picked up only on SIGHUP or `toolcell reload`",
+            fix="pip install watchfiles")
+        return None
+    return watchfiles
+
+
+async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
+    """Reload whenever files under the plugin folders change (debounced), and keep watching when a
+    folder disappears, reappears or is replaced (or is missing at start and appears later)."""
+    watchfiles = import_watchfiles()
+    if watchfiles is None:
         return
-    paths = [p for p in daemon.config.plugins if os.path.isdir(p)]
-    if not paths:
-        return
+    folders = [os.path.abspath(p) for p in daemon.config.plugins]
+    watched = set(folders)
 
     def wanted(change: Any, path: str) -> bool:
         parts = Path(path).parts
         return not any(p in _SKIP_DIRS for p in parts) and not path.endswith(_SKIP_SUFFIXES)
 
-    async for changes in watchfiles.awatch(*paths, watch_filter=wanted, debounce=debounce_ms, step=WATCH_STEP_MS,
-                                           rust_timeout=250, recursive=True, ignore_permission_denied=True):
-        log("reload_requested", trigger="watch", changed=len(changes))
+    def touches_a_folder(path: str) -> bool:
+        path = os.path.abspath(path)
+        return any(f == path or f.startswith(path + os.sep) for f in watched)
+
+    while True:
+        trees, anchors = _watch_plan(folders)
+        for missing in sorted(set(folders) - set(trees)):
+            log("plugin_dir_missing", level="warning", path=missing, note="watching for it to appear")
+        rearm = trio.Event()
+
+        async def watch_trees(trees: list[str] = trees, rearm: trio.Event = rearm) -> None:
+            async for changes in watchfiles.awatch(*trees, watch_filter=wanted, debounce=debounce_ms,
+                                                   step=WATCH_STEP_MS, rust_timeout=250, recursive=True,
+                                                   ignore_permission_denied=True):
+                if any(os.path.abspath(path) in watched or not os.path.isdir(root)
+                       for _, path in changes for root in trees):
+                    rearm.set()  # a watched folder itself went away: its watch is dead
+                    return
+                log("reload_requested", trigger="watch", changed=len(changes))
+                await daemon.reload()
+
+        async def watch_anchors(anchors: list[str] = anchors, rearm: trio.Event = rearm) -> None:
+            async for changes in watchfiles.awatch(*anchors, watch_filter=lambda _c, p: touches_a_folder(p),
+                                                   debounce=debounce_ms, step=WATCH_STEP_MS, rust_timeout=250,
+                                                   recursive=False, ignore_permission_denied=True):
+                rearm.set()
+                return
+
+        async with trio.open_nursery() as nursery:
+            if trees:
+                nursery.start_soon(watch_trees)
+            nursery.start_soon(watch_anchors)
+            await rearm.wait()
+            nursery.cancel_scope.cancel()
+        log("watch_rearmed", folders=[f for f in folders if os.path.isdir(f)],
+            missing=[f for f in folders if not os.path.isdir(f)])
+        log("reload_requested", trigger="watch", changed="folder replaced")
         await daemon.reload()
 
 
 async def serve_reloaders(daemon: Daemon) -> None:
     """Everything that triggers reloads for a serving daemon: pidfile, SIGHUP, the file watcher."""
-    path = write_pidfile(daemon.config.state_dir)
+    serving = getattr(daemon, "serving", "") or "plugins " + ", ".join(daemon.config.plugins)
+    path = write_pidfile(daemon.config.state_dir, serving)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(serve_sighup, daemon)
@@ -157,8 +251,6 @@ async def serve_reloaders(daemon: Daemon) -> None:
                 nursery.start_soon(serve_watcher, daemon, daemon.config.reload_debounce_ms)
     finally:
         try:
-            with open(path) as f:
-                if f.read().strip() == str(os.getpid()):
-                    os.unlink(path)
+            os.unlink(path)  # named by our own pid: never another daemon's
         except OSError:
             pass

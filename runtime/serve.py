@@ -32,6 +32,26 @@ async def _watch_signals(shutdown: trio.Event, hard_stop: trio.CancelScope) -> N
             shutdown.set()
 
 
+def ensure_bindable(address: tuple[str, int]) -> None:
+    """Fail before any worker starts when an address is taken, naming it (the listener binds later)."""
+    import socket
+
+    host, port = address
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc}") from None
+    for family, kind, proto, _, sockaddr in infos[:1]:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, unix: str | None = None,
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until shut down. ``http`` is ``HOST:PORT`` ("" for the configured/default address)."""
@@ -44,6 +64,9 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
         from runtime.transports.http import check_exposure
 
         check_exposure(hcfg, listen)
+        ensure_bindable(listen)
+    if hcfg.metrics_listen and (listen is not None or unix):
+        ensure_bindable(parse_listen(hcfg.metrics_listen, default_port=9464))
     async with open_daemon(cfg) as daemon:
         audit: Any = None
         metrics: Any = None

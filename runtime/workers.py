@@ -108,6 +108,30 @@ def _worker_sys_path() -> list[str]:
 WORKER_SYS_PATH = _worker_sys_path()
 
 
+def sweep_stale_scratch(state_dir: str) -> int:
+    """Remove the scratch folders (``<daemon pid>~<plugin>-*``) of daemons that are gone: a daemon
+    that was killed never got to remove its workers' folders."""
+    removed = 0
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return 0
+    for name in names:
+        pid_text, sep, _ = name.partition("~")
+        if not sep or not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        shutil.rmtree(os.path.join(state_dir, name), ignore_errors=True)
+        removed += 1
+    return removed
+
+
 def become_subreaper() -> None:
     """Orphans of killed workers (double-forked grandchildren) get re-parented to us."""
     PR_SET_CHILD_SUBREAPER = 36
@@ -480,7 +504,7 @@ class WorkerPool:
         from runtime import spares
 
         os.makedirs(self.spec.state_dir, mode=0o711, exist_ok=True)
-        scratch = tempfile.mkdtemp(prefix=f"{self.name}-", dir=self.spec.state_dir)
+        scratch = tempfile.mkdtemp(prefix=f"{os.getpid()}~{self.name}-", dir=self.spec.state_dir)
         keeper = spares.current.get()
         spare = keeper.take(self.spec) if keeper is not None and not self.spec.describe_only else None
         if keeper is not None and spare is not None:

@@ -301,6 +301,10 @@ def main(fd: int = IPC_FD, spare: bool = False) -> None:
     except Exception as exc:
         chan.send(LoadFailed(f"isolation failed: {type(exc).__name__}: {exc}", stage="isolation"))
         return
+    try:  # a plugin's print() reaches the daemon log line by line (stdout is a pipe to the daemon)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    except (AttributeError, ValueError):
+        pass
     try:
         defs = load_plugin(init)
     except BaseException as exc:  # SystemExit from a plugin's import is a load failure too

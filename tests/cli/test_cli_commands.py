@@ -95,9 +95,36 @@ def test_list_json_gives_machine_readable_output(make_plugin: Callable[..., Path
     plugins = make_plugin("greeter", GOOD)
     out = toolcell("list", "--json", "--plugins", str(plugins), "--policy", "none")
     assert out.returncode == 0, out.stderr
-    tools = json.loads(out.stdout)
+    listing = json.loads(out.stdout)
+    tools = listing["tools"]
     assert [t["name"] for t in tools] == ["double", "greet"]
     assert all(t["plugin"] == "greeter" for t in tools)
+    assert [(p["name"], p["status"]) for p in listing["plugins"]] == [("greeter", "ok")]
+
+
+def test_list_json_includes_refused_plugins_with_their_problems(make_plugin: Callable[..., Path]) -> None:
+    make_plugin("greeter", GOOD)
+    plugins = make_plugin("badtools", BROKEN_TOOLS)
+    out = toolcell("list", "--json", "--plugins", str(plugins), "--policy", "none")
+    assert out.returncode == 1
+    by_name = {p["name"]: p for p in json.loads(out.stdout)["plugins"]}
+    assert by_name["greeter"]["status"] == "ok"
+    assert by_name["badtools"]["status"] == "refused" and by_name["badtools"]["problems"]
+
+
+@pytest.mark.parametrize("command", [["list"], ["call", "echo"], ["serve", "--stdio", "--no-watch"]])
+def test_a_plugins_folder_that_does_not_exist_is_an_error(command: list[str], tmp_path: Path) -> None:
+    out = toolcell(*command, "--plugins", str(tmp_path / "typo"), "--policy", "none")
+    assert out.returncode == 2
+    assert "does not exist" in out.stderr and "typo" in out.stderr
+
+
+def test_check_and_reload_offer_only_flags_that_apply() -> None:
+    assert "--plugins" not in toolcell("check", "--help").stdout
+    reload_help = toolcell("reload", "--help").stdout
+    assert "--plugins" not in reload_help and "--policy" not in reload_help and "--pid" in reload_help
+    doctor_help = toolcell("doctor", "--help").stdout
+    assert "rest" not in doctor_help and "--json" in doctor_help
 
 
 def test_list_exits_1_and_explains_when_a_plugin_is_refused(make_plugin: Callable[..., Path]) -> None:
@@ -270,3 +297,53 @@ def test_the_conflict_winner_is_the_one_that_answers_calls(conflicting: Path) ->
     out = toolcell("call", "shared", "{}", "--plugins", str(conflicting), "--policy", "none")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["content"][0]["text"] == "from alpha"
+
+
+def test_an_address_in_use_is_reported_with_the_address_before_any_worker_starts(tmp_path: Path) -> None:
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        out = toolcell("serve", "--http", f"127.0.0.1:{port}", "--policy", "none", "--no-watch")
+    finally:
+        taken.close()
+    assert out.returncode == 1
+    assert f"127.0.0.1:{port}" in out.stderr and "in use" in out.stderr
+    assert "plugin_loaded" not in out.stderr  # refused before loading anything
+
+
+def test_each_daemon_has_its_own_pidfile_and_reload_says_which_it_reached(tmp_path: Path) -> None:
+    import os
+    import time
+
+    state = tmp_path / "state"
+    config = tmp_path / "toolcell.toml"
+    config.write_text(f'state_dir = "{state}"\n')
+    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--stdio", "--config", str(config), "--policy", "none",
+           "--no-watch", "--plugins", str(REPO / "plugins" / "conformance")]
+    daemons = [subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(list(state.glob("toolcell-*.pid"))) < 2:
+            time.sleep(0.1)
+        assert sorted(p.name for p in state.glob("toolcell-*.pid")) == sorted(f"toolcell-{d.pid}.pid" for d in daemons)
+        out = toolcell("reload", "--config", str(config))
+        assert out.returncode == 0, out.stderr
+        assert all(f"daemon {d.pid}" in out.stdout for d in daemons), out.stdout
+        one = toolcell("reload", "--config", str(config), "--pid", str(daemons[0].pid))
+        assert f"daemon {daemons[0].pid}" in one.stdout and f"daemon {daemons[1].pid}" not in one.stdout
+        first = daemons[0]
+        assert first.stdin is not None
+        first.stdin.close()
+        first.wait(30)
+        assert not (state / f"toolcell-{first.pid}.pid").exists()
+        assert (state / f"toolcell-{daemons[1].pid}.pid").exists()
+    finally:
+        for d in daemons:
+            if d.poll() is None:
+                os.kill(d.pid, 9)
+                d.wait(10)

@@ -169,7 +169,7 @@ def syscall_probe() -> str:
 
 
 @tool
-def spawn_survivor(seconds: int = 30) -> str:
+def spawn_survivor(seconds: int = 30, linger: float = 0) -> str:
     pid = os.fork()
     if pid == 0:
         os.setsid()
@@ -177,6 +177,7 @@ def spawn_survivor(seconds: int = 30) -> str:
             time.sleep(seconds)
         os._exit(0)
     os.waitpid(pid, 0)
+    time.sleep(linger)
     return report(True, "double-forked")
 
 

@@ -57,17 +57,36 @@ def worker_pids(daemon_pid: int) -> list[int]:
     return out
 
 
-async def settled(daemon_pid: int, baseline: int, timeout_s: float = 15.0) -> tuple[int, list[int]]:
-    """Wait until the daemon has as many descendants as at the baseline and no zombie."""
-    count, zombies = -1, []
+def leftovers(daemon_pid: int, max_workers: int) -> list[str]:
+    """What should not be under a daemon whose pool is idle: zombies, more worker processes than the
+    pool and its spare, anything inside a worker beyond its pid-1 process (an idle pooled worker is
+    its outer reaper and pid 1, nothing else)."""
+    problems = [f"zombie {pid}" for pid in zombies_under(daemon_pid)]
+    try:
+        direct = psutil.Process(daemon_pid).children()
+    except psutil.Error:
+        return problems
+    if len(direct) > max_workers + 1:
+        problems.append(f"{len(direct)} direct children for a pool of {max_workers} and one spare")
+    for child in direct:
+        try:
+            below = child.children(recursive=True)
+        except psutil.Error:
+            continue
+        if len(below) > 1:
+            problems.append(f"worker {child.pid} has {len(below)} processes under it: {[p.pid for p in below]}")
+    return problems
+
+
+async def settled(daemon_pid: int, max_workers: int, timeout_s: float = 15.0) -> list[str]:
+    problems: list[str] = []
     with trio.move_on_after(timeout_s):
         while True:
-            zombies = zombies_under(daemon_pid)
-            count = len(psutil.Process(daemon_pid).children(recursive=True))  # zombies included
-            if not zombies and count <= baseline:
+            problems = leftovers(daemon_pid, max_workers)
+            if not problems:
                 break
             await trio.sleep(0.1)
-    return count, zombies
+    return problems
 
 
 async def test_random_worker_kills_lose_no_call_and_leave_no_zombie(make_plugin: Callable[..., Path],
@@ -76,13 +95,10 @@ async def test_random_worker_kills_lose_no_call_and_leave_no_zombie(make_plugin:
     rng = random.Random(7)
     async with open_toolcell(plugins, policy="strict", stderr_path=tmp_path / "daemon.log") as peer:
         await peer.initialize("2025-11-25")
-        # Grow the pool to its size first, so that the baseline counts every worker it will have.
         warm = [await peer.start_call("work", {"ms": 200}) for _ in range(16)]
         for request_id in warm:
             assert (await peer.response(request_id))["result"]["content"][0]["text"] == "done"
         daemon_pid = peer.proc.pid
-        await trio.sleep(1.0)
-        baseline = len(psutil.Process(daemon_pid).children(recursive=True))
         answers: dict[object, int] = {}
         kills = 0
         ids: list[object] = []
@@ -133,6 +149,5 @@ async def test_random_worker_kills_lose_no_call_and_leave_no_zombie(make_plugin:
         assert all(answers.get(i) == 1 for i in ids), "a call was answered not exactly once"
         again = await peer.call("work", {"ms": 1})
         assert again["result"]["content"][0]["text"] == "done"
-        count, zombies = await settled(daemon_pid, baseline)
-        assert not zombies, f"zombies under the running daemon: {zombies}"
-        assert count <= baseline, f"{count} processes under the daemon, {baseline} at the start"
+        problems = await settled(daemon_pid, max_workers=4)
+        assert not problems, f"left under the running daemon: {problems}"

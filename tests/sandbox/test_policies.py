@@ -86,13 +86,22 @@ def test_only_stdio_and_the_ipc_fd_are_open_in_the_plugin(spawn: Callable[..., W
     assert fds[:4] == [0, 1, 2, 3] and len(fds) == 5
 
 
+def start_survivor(w: Worker) -> None:
+    """A call still running, with a double-forked survivor beside it. (A pooled call that returned
+    leaving one would retire its worker at once: see sandbox.call_guard.)"""
+    from sandbox.wire import Call, encode_frame
+
+    w.sock.sendall(encode_frame(Call(999, "spawn_survivor", {"seconds": 30, "linger": 30})))
+    assert wait_until(lambda: len(cgroups.members(w.proc.pid)) >= 3)
+
+
 def test_killing_the_worker_kills_its_whole_tree_and_cleanup_removes_the_cgroup(
     spawn: Callable[..., Worker], require: Any
 ) -> None:
     require("namespaces", "cgroup")
     w = spawn("strict")
     w.ready()
-    assert json.loads(text_of(w.call("spawn_survivor", seconds=30)))["ok"]
+    start_survivor(w)
     pid = w.proc.pid
     assert len(cgroups.members(pid)) >= 3  # reaper, pid 1, the setsid'd double-fork survivor
     os.kill(pid, 9)  # the reaper only: pid 1 follows (PDEATHSIG), everything else follows pid 1
@@ -107,7 +116,7 @@ def test_kill_all_reaches_every_process_of_a_worker(spawn: Callable[..., Worker]
     require("cgroup")
     w = spawn("strict")
     w.ready()
-    w.call("spawn_survivor", seconds=30)
+    start_survivor(w)
     assert cgroups.kill_all(w.proc.pid)
     assert cgroups.members(w.proc.pid) == []
     w.proc.wait(timeout=5)
@@ -153,7 +162,11 @@ from sandbox_harness import Worker
 from pathlib import Path
 w = Worker(Path({plugin!r}), policy="strict")
 w.ready()
-w.call("spawn_survivor", seconds=30)
+# A call that is still running when the daemon dies, with a double-forked survivor beside it (a pooled
+# call that returned leaving one would retire its worker: see sandbox.call_guard).
+from sandbox.wire import Call, encode_frame
+w.sock.sendall(encode_frame(Call(99, "spawn_survivor", {{"seconds": 30, "linger": 30}})))
+time.sleep(1.0)
 print(w.proc.pid, flush=True)
 time.sleep(60)
 """
