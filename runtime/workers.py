@@ -657,30 +657,48 @@ class WorkerPool:
             self._dispatch_due = False
             self._dispatch_to_idle()
 
+    def _room(self) -> int:
+        """How many more workers the pool may start now."""
+        return self.limits.max_concurrency - len(self.workers) - self.starting
+
+    def _grow_for_queue(self) -> None:
+        """Start a worker for every queued call that no worker being started will take (up to the
+        pool's size): a burst is met by the whole pool, not queued on the workers there are."""
+        for _ in range(min(len(self.queue) - self.starting, self._room())):
+            self._spawn_background()
+
+    def _share(self, idle_workers: int) -> int:
+        """Calls to hand one idle worker now. While the pool can still grow (or is growing) one each:
+        a call never waits behind another on a busy worker while a worker could start. At full size
+        the queue is split evenly, at most ``BATCH_MAX`` a worker, so a saturated pool is fed in
+        few writes."""
+        if self._room() > 0 or self.starting > 0:
+            return 1
+        return min(BATCH_MAX, -(-len(self.queue) // max(1, idle_workers)))
+
     def _dispatch_to_idle(self) -> None:
         queue, idle = self.queue, self.idle
-        # While the pool can still grow, an idle worker takes one call and the rest wait for a
-        # free or a new worker (a slow tool must not queue behind another on one worker while
-        # a worker could be started); at full size the calls are split evenly over the idle ones.
-        can_grow = len(self.workers) + self.starting < self.limits.max_concurrency
         while queue and idle:
             worker = idle.pop()
             if worker.dead or worker.pending:
                 continue
-            share = 1 if can_grow else -(-len(queue) // (len(idle) + 1))
-            self._dispatch(worker, [queue.popleft() for _ in range(min(BATCH_MAX, share))])
-        if queue and can_grow:
-            self._spawn_background()
+            share = self._share(len(idle) + 1)
+            self._dispatch(worker, [queue.popleft() for _ in range(min(share, len(queue)))])
+        if queue:
+            self._grow_for_queue()
 
     def _make_available(self, worker: Worker) -> None:
-        """``worker`` has nothing pending: hand it a batch from the queue, or mark it idle."""
+        """``worker`` has nothing pending: hand it its share of the queue, or mark it idle."""
         if worker.dead or worker.pending:
             return
         if not self.queue:
             if not self.closed:
                 self.idle.append(worker)
             return
-        self._dispatch(worker, [self.queue.popleft() for _ in range(min(BATCH_MAX, len(self.queue)))])
+        share = self._share(1)
+        self._dispatch(worker, [self.queue.popleft() for _ in range(min(share, len(self.queue)))])
+        if self.queue:
+            self._grow_for_queue()
 
     def new_slot(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                  on_event: Callable[[Any], None] | None, on_done: Callable[[Slot], None] | None = None) -> Slot:
@@ -704,8 +722,7 @@ class WorkerPool:
             return
         self.in_flight += 1
         self.queue.append(slot)
-        if len(self.workers) + self.starting < self.limits.max_concurrency:
-            self._spawn_background()
+        self._grow_for_queue()
 
     async def run(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                   on_event: Callable[[Any], None] | None) -> wire.Result:

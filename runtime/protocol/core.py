@@ -359,12 +359,25 @@ class Core:
             except ProtocolError as exc:
                 batch.actions.append(self._error(state, None, exc, modern=False))
                 continue
-            if env.method == "initialize":
+            if env.method == "initialize" and env.id is not msgspec.UNSET:
                 idv = env.id if rpc.valid_id(env.id) else None
                 batch.actions.append(self._error(state, idv, ProtocolError(rpc.INVALID_REQUEST, "Invalid Request: initialize must not be part of a batch"), modern=False))
                 continue
-            batch.actions.append(self.handle(state, env, catalog))
+            action = self.handle(state, env, catalog)
+            if type(action) is Listen:
+                # A stream-long subscription has no single answer a batch could carry.
+                action = self._error(state, action.request_id, ProtocolError(
+                    rpc.INVALID_REQUEST, "Invalid Request: subscriptions/listen must not be part of a batch"), modern=False)
+            batch.actions.append(action)
         return batch
+
+    def too_large(self, state: ConnState, limit_bytes: int) -> bytes:
+        """The answer to a message over the size limit (its id unread: ``null`` or none, by revision)."""
+        reply = self._error(state, None, ProtocolError(rpc.INVALID_REQUEST,
+                                                       f"Message exceeds the {limit_bytes}-byte limit and was discarded"),
+                            modern=False)
+        assert reply.data is not None
+        return reply.data
 
     @staticmethod
     def _decode(decoder: Any, raw: msgspec.Raw, required: bool) -> Any:

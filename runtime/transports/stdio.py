@@ -13,7 +13,6 @@ import os
 import trio
 
 from runtime.daemon import Daemon
-from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.core import ConnState
 from runtime.session import Session
 
@@ -93,9 +92,9 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
                         end = chunk.find(b"\n", start)
                     if not skipping:
                         buf += chunk[start:]
-                        if len(buf) > max_line:
-                            writer.emit(rpc.error_response(b"null", rpc.INVALID_REQUEST,
-                                                           f"Message exceeds the {max_line}-byte limit and was discarded"))
+                        # +1: a line of exactly max_line bytes may still be waiting for the LF of its CRLF.
+                        if len(buf) > max_line + 1 or (len(buf) == max_line + 1 and not buf.endswith(b"\r")):
+                            writer.emit(session.core.too_large(session.state, max_line))
                             buf = bytearray()
                             skipping = True
                 if buf and not skipping:
@@ -112,6 +111,6 @@ def _receive_line(session: Session, line: bytes | bytearray, max_line: int) -> N
     if not line.strip():
         return
     if len(line) > max_line:
-        session.emit(rpc.error_response(b"null", rpc.INVALID_REQUEST, f"Message exceeds the {max_line}-byte limit"))
+        session.emit(session.core.too_large(session.state, max_line))
         return
     session.receive(bytes(line))

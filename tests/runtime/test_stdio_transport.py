@@ -414,3 +414,151 @@ async def test_garbage_lines_never_stop_a_real_daemon_from_answering(make_plugin
     assert all(isinstance(m, (dict, list)) and (m if isinstance(m, dict) else m[0]).get("jsonrpc") == "2.0"
                for m in peer.messages)
     assert "Traceback" not in peer.stderr()
+
+
+# -- edges found by fault injection (issue: a daemon that holds) ---------------------------------------
+
+INIT_0326 = req("initialize", {"protocolVersion": "2025-03-26", "capabilities": {}}, id=0)
+
+
+async def test_a_listen_inside_a_batch_is_refused_with_its_own_id(daemon: Daemon) -> None:
+    batch = json.dumps([
+        {"jsonrpc": "2.0", "id": "l", "method": "subscriptions/listen",
+         "params": {"notifications": {"toolsListChanged": True},
+                    "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                              "io.modelcontextprotocol/clientCapabilities": {},
+                              "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}}},
+        {"jsonrpc": "2.0", "id": "p", "method": "ping"},
+    ]).encode() + b"\n"
+
+    async def script(c: Conversation) -> None:
+        await c.send(INIT_0326 + batch)
+        await c.wait_for_line_count(2)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    array = conv.messages()[1]
+    by_id = {m["id"]: m for m in array}
+    assert set(by_id) == {"l", "p"}
+    assert by_id["l"]["error"]["code"] == -32600 and "batch" in by_id["l"]["error"]["message"]
+    assert by_id["p"]["result"] == {}
+
+
+async def test_a_notification_named_initialize_inside_a_batch_is_not_answered(daemon: Daemon) -> None:
+    batch = json.dumps([
+        {"jsonrpc": "2.0", "method": "initialize", "params": {}},
+        {"jsonrpc": "2.0", "id": 5, "method": "ping"},
+    ]).encode() + b"\n"
+
+    async def script(c: Conversation) -> None:
+        await c.send(INIT_0326 + batch)
+        await c.wait_for_line_count(2)
+        await trio.sleep(0.2)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    array = conv.messages()[1]
+    assert [m["id"] for m in array] == [5]
+
+
+def padded_ping(size: int, id: int = 9) -> bytes:
+    """A ping request of exactly ``size`` bytes (no line ending)."""
+    base = {"jsonrpc": "2.0", "id": id, "method": "ping", "params": {"_pad": ""}}
+    short = len(json.dumps(base, separators=(",", ":")).encode())
+    base["params"]["_pad"] = "x" * (size - short)
+    line = json.dumps(base, separators=(",", ":")).encode()
+    assert len(line) == size
+    return line
+
+
+async def test_a_line_of_exactly_the_limit_ending_in_crlf_is_read_when_cr_and_lf_arrive_apart(daemon: Daemon) -> None:
+    async def script(c: Conversation) -> None:
+        await c.send(INIT)
+        await c.send(padded_ping(MAX_LINE) + b"\r")
+        await trio.sleep(0.1)
+        await c.send(b"\n")
+        await c.wait_for_line_count(2)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    assert conv.responses()[key(9)]["result"] == {}
+
+
+@pytest.mark.parametrize("version, has_null_id", [("2024-11-05", True), ("2025-11-25", False)])
+async def test_an_over_size_line_is_refused_with_the_id_rule_of_the_revision(daemon: Daemon, version: str,
+                                                                           has_null_id: bool) -> None:
+    init = req("initialize", {"protocolVersion": version, "capabilities": {}}, id=0)
+
+    async def script(c: Conversation) -> None:
+        await c.send(init)
+        await c.send(padded_ping(MAX_LINE + 10) + b"\n")
+        await c.send(req("ping", id=10))
+        await c.wait_for_line_count(3)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    errors = [m for m in conv.messages() if "error" in m]
+    assert len(errors) == 1 and "limit" in errors[0]["error"]["message"]
+    assert ("id" in errors[0]) is has_null_id
+    if has_null_id:
+        assert errors[0]["id"] is None
+    assert conv.responses()[key(10)]["result"] == {}
+
+
+async def test_fuzz_every_request_with_an_id_gets_exactly_one_answer_however_the_bytes_are_cut(daemon: Daemon) -> None:
+    import random
+
+    rng = random.Random(20261124)
+    for round_ in range(12):
+        version = rng.choice(["2024-11-05", "2025-03-26", "2025-11-25"])
+        lines = [req("initialize", {"protocolVersion": version, "capabilities": {}}, id="init")]
+        expected: list[str] = ["init"]
+        batch_ids: list[str] = []
+        for n in range(rng.randint(5, 25)):
+            rid = f"r{round_}-{n}"
+            kind = rng.choice(["ping", "call", "unknown", "bad_params", "garbage", "notify", "batch"])
+            if kind == "ping":
+                lines.append(req("ping", id=rid))
+            elif kind == "call":
+                lines.append(req("tools/call", {"name": "echo", "arguments": {"text": rid}}, id=rid))
+            elif kind == "unknown":
+                lines.append(req("no/such", id=rid))
+            elif kind == "bad_params":
+                lines.append(req("tools/call", {"name": 5}, id=rid))
+            elif kind == "garbage":
+                lines.append(rng.choice([b"{", b"[1,2", b"\xff\xfe", b"null", b'{"id": 1'] ) + b"\n")
+                continue
+            elif kind == "notify":
+                lines.append(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                         "params": {"requestId": "nobody"}}).encode() + b"\n")
+                continue
+            else:
+                if version != "2025-03-26":
+                    continue
+                members = [{"jsonrpc": "2.0", "id": f"{rid}.{k}", "method": "ping"} for k in range(3)]
+                members.append({"jsonrpc": "2.0", "method": "initialize"})
+                lines.append(json.dumps(members).encode() + b"\n")
+                batch_ids += [m["id"] for m in members if "id" in m]
+                continue
+            expected.append(rid)
+        stream = b"".join(lines)
+        cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randint(1, 40))))
+
+        async def script(c: Conversation, stream: bytes = stream, cuts: list[int] = cuts) -> None:
+            start = 0
+            for cut in cuts + [len(stream)]:
+                await c.send(stream[start:cut])
+                start = cut
+                await trio.sleep(0)
+            await trio.sleep(0.3)
+            await c.hang_up()
+
+        conv = await converse(daemon, script)
+        answered: dict[str, int] = {}
+        for message in conv.messages():
+            for item in message if isinstance(message, list) else [message]:
+                if "method" not in item and isinstance(item.get("id"), str):
+                    answered[item["id"]] = answered.get(item["id"], 0) + 1
+        for rid in expected + batch_ids:
+            assert answered.get(rid) == 1, f"round {round_}: {rid} answered {answered.get(rid, 0)} times"
+        assert set(answered) <= set(expected + batch_ids)
