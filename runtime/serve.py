@@ -119,16 +119,7 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
 async def _serve_stdio(daemon: Any, shutdown: trio.Event, grace_s: float) -> None:
     from runtime.transports.stdio import serve_stdio
 
-    async with trio.open_nursery() as nursery:
-        async def cut_after_grace() -> None:
-            await shutdown.wait()
-            # Calls in flight get the grace period; with none, stop reading stdin at once.
-            deadline = trio.current_time() + grace_s
-            while daemon.inflight > 0 and trio.current_time() < deadline:
-                await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(cut_after_grace)
-        await serve_stdio(daemon)
-        nursery.cancel_scope.cancel()
+    # On shutdown, calls in flight get the grace period (new ones are refused), then whatever is
+    # left is answered with an error saying the server is shutting down.
+    await serve_stdio(daemon, shutdown=shutdown, grace_s=grace_s)
     shutdown.set()

@@ -35,6 +35,9 @@ class Session:
         self._idle = trio.Event()
         self._idle.set()
         self._unsubscribe = daemon.subscribe(self._on_catalog_change)
+        #: Shutting down: calls and subscriptions that arrive now are refused with ``SHUTTING_DOWN``.
+        self.draining = False
+        self._batch_scopes: set[trio.CancelScope] = set()
 
     def close(self) -> None:
         self._unsubscribe()
@@ -53,6 +56,9 @@ class Session:
         self.dispatch(action)
 
     def dispatch(self, action: Any) -> None:
+        if self.draining and type(action) in (ToolCall, Listen, Batch):
+            self._refuse(action)
+            return
         if type(action) is ToolCall:
             self._start_call(action)
         elif type(action) is Reply:
@@ -98,20 +104,64 @@ class Session:
         if listen is not None:
             self.emit(self.core.subscription_end(listen))
 
+    def _refuse(self, action: Any) -> None:
+        """Answer what arrived during shutdown without running it."""
+        message = "Server is shutting down; the request was not run"
+        if type(action) is ToolCall:
+            self.emit(self.core.call_error(action, rpc.SHUTTING_DOWN, message))
+        elif type(action) is Listen:
+            self.emit(rpc.error_response(rpc.encode_id(action.request_id), rpc.SHUTTING_DOWN, message))
+        elif type(action) is Batch:
+            parts = []
+            for member in action.actions:
+                if type(member) is ToolCall:
+                    parts.append(self.core.call_error(member, rpc.SHUTTING_DOWN, message))
+                elif type(member) is Reply and member.data is not None:
+                    parts.append(member.data)
+            if parts:
+                self.emit(b"[" + b",".join(parts) + b"]")
+
+    def abort(self, reason: str) -> None:
+        """Shutdown's end: every call still running is answered with ``reason`` and stopped, every
+        listen subscription ended; nothing is left without an answer."""
+        for request_id in list(self.inflight):
+            entry = self.inflight.pop(request_id)
+            if entry is not None:
+                call, handle = entry
+                self.emit(self.core.call_failed(call, f"Tool {call.entry.name} was stopped: {reason}"))
+                self.daemon.cancel(call, handle, self.principal)
+        self._idle.set()
+        for request_id in list(self.listens):
+            self.emit(self.core.subscription_end(self.listens.pop(request_id)))
+        for scope in list(self._batch_scopes):
+            scope.cancel()
+
     async def _run_batch(self, batch: Batch) -> None:
         replies: list[bytes | None] = [None] * len(batch.actions)
+        calls: dict[int, ToolCall] = {}
 
         async def run(i: int, call: ToolCall) -> None:
             replies[i] = await self.daemon.execute(call, self.emit, self.principal)
 
-        async with trio.open_nursery() as n:
-            for i, action in enumerate(batch.actions):
-                if type(action) is ToolCall:
-                    n.start_soon(run, i, action)
-                elif type(action) is Reply:
-                    replies[i] = action.data
-                elif type(action) is Cancel:
-                    self._cancel(action.request_id)
+        scope = trio.CancelScope()
+        self._batch_scopes.add(scope)
+        try:
+            with scope:
+                async with trio.open_nursery() as n:
+                    for i, action in enumerate(batch.actions):
+                        if type(action) is ToolCall:
+                            calls[i] = action
+                            n.start_soon(run, i, action)
+                        elif type(action) is Reply:
+                            replies[i] = action.data
+                        elif type(action) is Cancel:
+                            self._cancel(action.request_id)
+        finally:
+            self._batch_scopes.discard(scope)
+        if scope.cancelled_caught:  # aborted by shutdown: the unfinished members say so
+            for i, call in calls.items():
+                if replies[i] is None:
+                    replies[i] = self.core.call_failed(call, f"Tool {call.entry.name} was stopped: the server is shutting down")
         parts = [r for r in replies if r is not None]
         if parts:
             self.emit(b"[" + b",".join(parts) + b"]")

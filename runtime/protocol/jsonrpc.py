@@ -22,6 +22,8 @@ UNSUPPORTED_PROTOCOL_VERSION = -32022
 # Implementation-defined server errors live outside the spec's reserved -32000..-32099 band in the
 # modern era; "busy" is a transient condition the client may retry.
 SERVER_BUSY = -31001
+#: The server is shutting down: the request was not run (the client may retry elsewhere or later).
+SHUTTING_DOWN = -31002
 
 UNSET = msgspec.UNSET
 

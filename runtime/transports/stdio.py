@@ -54,9 +54,25 @@ class _Writer:
                 self.broken = True
 
 
+async def _drain_on(shutdown: trio.Event, grace_s: float, session: Session, read_scope: trio.CancelScope,
+                   drain_scope: trio.CancelScope) -> None:
+    """Shutdown: refuse new calls at once, give running ones ``grace_s``, then answer what is left
+    with "the server is shutting down" and stop reading."""
+    with drain_scope:
+        await shutdown.wait()
+        session.draining = True
+        with trio.move_on_after(grace_s):
+            await session.wait_idle()
+        session.abort("the server is shutting down")
+        read_scope.cancel()
+
+
 async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = None,
-                      stdout: trio.abc.SendStream | None = None) -> None:
-    """Serve one client on stdin/stdout until stdin reaches EOF."""
+                      stdout: trio.abc.SendStream | None = None, shutdown: trio.Event | None = None,
+                      grace_s: float = 10.0) -> None:
+    """Serve one client on stdin/stdout until stdin reaches EOF, or until ``shutdown`` is set and
+    the calls in flight have finished (or ``grace_s`` has passed: those left are answered with an
+    error saying so). Requests that arrive during the grace are refused, not dropped."""
     if stdin is None:
         stdin = trio.lowlevel.FdStream(os.dup(0))
     if stdout is None:
@@ -65,42 +81,48 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
     writer = _Writer(stdout)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(writer.run)
+        read_scope = trio.CancelScope()
+        drain_scope = trio.CancelScope()
         async with trio.open_nursery() as calls:
             session = Session(daemon, ConnState(), writer.emit, calls)
+            if shutdown is not None:
+                calls.start_soon(_drain_on, shutdown, grace_s, session, read_scope, drain_scope)
             buf = bytearray()
             skipping = False
             try:
-                while True:
-                    try:
-                        chunk = await stdin.receive_some(1 << 16)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                        chunk = b""
-                    if not chunk:
-                        break
-                    start = 0
-                    end = chunk.find(b"\n")
-                    while end >= 0:
-                        if skipping:
-                            skipping = False
-                        elif buf:
-                            buf += chunk[start:end]
-                            _receive_line(session, buf, max_line)
-                            buf = bytearray()
-                        else:
-                            _receive_line(session, chunk[start:end], max_line)
-                        start = end + 1
-                        end = chunk.find(b"\n", start)
-                    if not skipping:
-                        buf += chunk[start:]
-                        # +1: a line of exactly max_line bytes may still be waiting for the LF of its CRLF.
-                        if len(buf) > max_line + 1 or (len(buf) == max_line + 1 and not buf.endswith(b"\r")):
-                            writer.emit(session.core.too_large(session.state, max_line))
-                            buf = bytearray()
-                            skipping = True
-                if buf and not skipping:
-                    _receive_line(session, buf, max_line)
-                await session.wait_idle()
+                with read_scope:
+                    while True:
+                        try:
+                            chunk = await stdin.receive_some(1 << 16)
+                        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                            chunk = b""
+                        if not chunk:
+                            break
+                        start = 0
+                        end = chunk.find(b"\n")
+                        while end >= 0:
+                            if skipping:
+                                skipping = False
+                            elif buf:
+                                buf += chunk[start:end]
+                                _receive_line(session, buf, max_line)
+                                buf = bytearray()
+                            else:
+                                _receive_line(session, chunk[start:end], max_line)
+                            start = end + 1
+                            end = chunk.find(b"\n", start)
+                        if not skipping:
+                            buf += chunk[start:]
+                            # +1: a line of exactly max_line bytes may still be waiting for the LF of its CRLF.
+                            if len(buf) > max_line + 1 or (len(buf) == max_line + 1 and not buf.endswith(b"\r")):
+                                writer.emit(session.core.too_large(session.state, max_line))
+                                buf = bytearray()
+                                skipping = True
+                    if buf and not skipping:
+                        _receive_line(session, buf, max_line)
+                    await session.wait_idle()
             finally:
+                drain_scope.cancel()
                 session.close()
         writer.close()  # the writer drains what is queued (even a send in progress) and returns
 
