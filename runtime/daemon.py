@@ -318,6 +318,16 @@ class Daemon:
         for hook in self.call_hooks:
             hook(event)
 
+    def abort_calls(self, reason: str) -> None:
+        """Fail every call in flight with ``reason`` (shutdown's grace is over): each client gets an
+        answer saying so instead of a bare end of its connection."""
+        pools = [p.pool for p in self.plugins.values() if p.pool is not None] + list(self._retiring)
+        for pool in pools:
+            try:
+                pool.abort_all(reason)
+            except Exception as exc:  # our bug: the other pools are still answered
+                log("internal_error", level="error", where="abort_calls", error=f"{type(exc).__name__}: {exc}")
+
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
             async with trio.open_nursery() as n:

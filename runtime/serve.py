@@ -21,6 +21,18 @@ from runtime.config import Config
 from runtime.http_config import parse_listen
 
 
+async def _answer_calls_at_grace_end(daemon: Any, shutdown: trio.Event, grace_s: float) -> None:
+    """Calls still running just before the grace ends are answered "the server is shutting down", on
+    every transport, while their connections are still open to carry the answer."""
+    await shutdown.wait()
+    with trio.move_on_after(max(0.0, grace_s - min(0.5, grace_s / 4))):
+        while daemon.inflight > 0:
+            await trio.sleep(0.05)
+    if daemon.inflight > 0:
+        logs.log("shutdown_calls_stopped", level="warning", calls=daemon.inflight)
+        daemon.abort_calls("the server is shutting down")
+
+
 async def _watch_signals(shutdown: trio.Event, hard_stop: trio.CancelScope) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
@@ -85,6 +97,7 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
         try:
             async with trio.open_nursery() as outer:
                 outer.start_soon(_watch_signals, shutdown, outer.cancel_scope)
+                outer.start_soon(_answer_calls_at_grace_end, daemon, shutdown, hcfg.shutdown_grace_s)
                 from runtime.reload import serve_reloaders
 
                 outer.start_soon(serve_reloaders, daemon)

@@ -629,6 +629,20 @@ class WorkerPool:
 
     # -- the call path -------------------------------------------------------------------------
 
+    def abort_all(self, reason: str) -> None:
+        """Shutdown's end: every call given to this pool, queued or running, fails now with ``reason``
+        (its client is answered through the call's completion, whatever the transport)."""
+        error = WorkerFailure("unavailable", reason)
+        self._fail_queue(error)
+        for worker in list(self.workers):
+            pending = list(worker.pending)
+            worker.pending.clear()
+            self._discard(worker, kill=True)
+            for slot in pending:
+                if not slot.finished:
+                    slot.error = error
+                    self._complete(slot)
+
     def _fail_queue(self, error: WorkerFailure) -> None:
         while self.queue:
             slot = self.queue.popleft()

@@ -104,3 +104,44 @@ def test_serve_without_a_transport_says_how_to_choose_one() -> None:
                        cwd=str(REPO), env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert r.returncode == 2
     assert "--http" in r.stderr and "--stdio" in r.stderr
+
+
+def test_sigterm_answers_calls_still_running_at_the_end_of_the_grace_on_both_eras(tmp_path: Path) -> None:
+    server = start_server(tmp_path, PLAIN_CONFIG.replace("shutdown_grace_s = 5.0", "shutdown_grace_s = 1.5"))
+    try:
+        results: dict = {}
+
+        def modern() -> None:
+            with httpx2.Client(timeout=30) as c:
+                results["modern"] = c.post(server.url, content=modern_body(
+                    "tools/call", {"name": "a_sleep", "arguments": {"seconds": 30}}, id="stuck"),
+                    headers=modern_headers("tools/call", "a_sleep"))
+
+        def late() -> None:
+            time.sleep(0.8)
+            with httpx2.Client(timeout=30) as c:
+                try:
+                    results["late"] = c.post(server.url, content=modern_body(
+                        "tools/call", {"name": "a_sleep", "arguments": {"seconds": 0.1}}, id="late"),
+                        headers=modern_headers("tools/call", "a_sleep"))
+                except httpx2.TransportError as exc:  # the listener may already be closed: also a clear refusal
+                    results["late"] = exc
+
+        threads = [threading.Thread(target=modern), threading.Thread(target=late)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(20)
+        stuck = results["modern"]
+        assert stuck.status_code == 200, stuck.text
+        body = stuck.json()
+        assert body["id"] == "stuck" and body["result"]["isError"] is True
+        assert "shutting down" in body["result"]["content"][0]["text"]
+        late_result = results["late"]
+        if not isinstance(late_result, Exception):
+            assert late_result.status_code == 503 and "shutting down" in late_result.text
+        assert server.proc.wait(timeout=15) == 0
+    finally:
+        stop_server(server)
