@@ -230,16 +230,20 @@ class _Connection:
         """The next request whose head is complete, or None when the connection is done."""
         cfg = self.server.cfg
         deadline: float | None = None
+        idle_started = False
         while not self.ready:
             if self.error is not None or self.eof:
                 return None
             if self.parsing is None and deadline is None:
                 # Idle between requests. The keep-alive timeout and a graceful stop come from the
-                # server's sweeper cancelling ``self.scope`` (no cancel scope per request).
+                # server's sweeper cancelling ``self.scope`` (no cancel scope per request). Bytes
+                # that start no request (bare CRLFs, which llhttp skips) do not restart the clock.
                 if self.server.stopping:
                     return None
                 self.idle = True
-                self.idle_since = trio.current_time()
+                if not idle_started:
+                    idle_started = True
+                    self.idle_since = trio.current_time()
                 try:
                     await self._read_once()
                 finally:
@@ -382,7 +386,15 @@ class _Exchange:
                 if req.complete:
                     self.delivered = True
                     return {"type": "http.request", "body": b"", "more_body": False}
-                if conn.eof or conn.error is not None:
+                if conn.error is not None:
+                    # Malformed body framing (chunk sizes, data longer than its chunk): 400 and close
+                    # (RFC 9112 6.3), never a silent close.
+                    if not self.head_sent:
+                        self.keep_alive = False
+                        await self._try_write(_canned(conn.error.status, conn.error.message))
+                        self.finished = True
+                    return _DISCONNECT
+                if conn.eof:
                     return _DISCONNECT
                 if req.expect_continue and not req.continue_sent and not self.head_sent:
                     req.continue_sent = True
@@ -414,6 +426,8 @@ class _Exchange:
         if kind != "http.response.body":
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
         if self.finished:
+            if self.conn.error is not None:
+                return  # already answered 400 for the request's broken framing
             raise RuntimeError("response already finished")
         if not self.status:
             raise RuntimeError("http.response.body before http.response.start")
@@ -459,6 +473,10 @@ class _Exchange:
                 lines.append(b"transfer-encoding: chunked\r\n")
             else:
                 lines.append(b"content-length: %d\r\n" % len(body))
+        if not self.req.complete:
+            # Answered before its body arrived (an early 401/413/415 ...): the rest of the body is
+            # never read, so the connection cannot carry another request. Say so.
+            self.keep_alive = False
         if conn.server.stopping or not self.keep_alive:
             self.keep_alive = False
             lines.append(b"connection: close\r\n")

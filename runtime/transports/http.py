@@ -96,7 +96,7 @@ class HttpApp:
         self.any_host = "*" in cfg.allowed_hosts
         self.origins = {o.strip().lower().rstrip("/") for o in cfg.allowed_origins}
         self.any_origin = "*" in self.origins
-        self.sessions = SessionTable(cfg.max_sessions, cfg.session_idle_s)
+        self.sessions = SessionTable(cfg.max_sessions, cfg.session_idle_s, cfg.max_sessions_per_principal)
         self.listens: set[PushStream] = set()
         self.limiter = RateLimiter()
         self.max_body = min(cfg.max_body_bytes, daemon.config.max_message_bytes)

@@ -127,22 +127,51 @@ def new_session_id() -> str:
 
 
 class SessionTable:
-    def __init__(self, max_sessions: int, idle_s: float) -> None:
+    """Legacy sessions, capped in all (``max_sessions``) and per principal (``max_per_principal``).
+
+    A principal at its own cap gives up its oldest idle session for a new one (or is refused when
+    none is idle). When the whole table is full, the principal holding the most sessions gives up
+    its oldest idle one: one client filling the table cannot lock everyone else out."""
+
+    def __init__(self, max_sessions: int, idle_s: float, max_per_principal: int | None = None) -> None:
         self.sessions: dict[str, LegacySession] = {}
         self.max_sessions = max_sessions
+        self.max_per_principal = max_per_principal or max_sessions
         self.idle_s = idle_s
+        self.per_principal: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.sessions)
 
     def create(self, principal: Principal, state: ConnState, now: float) -> LegacySession | None:
+        name = principal.name
+        if self.per_principal.get(name, 0) >= self.max_per_principal:
+            self.expire(now)
+            if self.per_principal.get(name, 0) >= self.max_per_principal and not self._evict_idle_of(name):
+                return None
         if len(self.sessions) >= self.max_sessions:
             self.expire(now)
             if len(self.sessions) >= self.max_sessions:
-                return None
+                offender = max(self.per_principal, key=lambda n: self.per_principal[n])
+                if not self._evict_idle_of(offender) and not self._evict_idle_of(name):
+                    return None
         session = LegacySession(new_session_id(), principal, state, now)
         self.sessions[session.id] = session
+        self.per_principal[name] = self.per_principal.get(name, 0) + 1
         return session
+
+    @staticmethod
+    def _idle(session: LegacySession) -> bool:
+        return not session.inflight and session.stream is None and not session.busy
+
+    def _evict_idle_of(self, name: str) -> bool:
+        """Forget ``name``'s least recently used idle session; False if it has none."""
+        candidates = [s for s in self.sessions.values() if s.principal.name == name and self._idle(s)]
+        if not candidates:
+            return False
+        victim = min(candidates, key=lambda s: s.last_seen)
+        self.remove(victim)
+        return True
 
     def get(self, session_id: bytes, principal: Principal) -> LegacySession | None:
         try:
@@ -154,7 +183,13 @@ class SessionTable:
         return session
 
     def remove(self, session: LegacySession) -> None:
-        self.sessions.pop(session.id, None)
+        if self.sessions.pop(session.id, None) is not None:
+            name = session.principal.name
+            left = self.per_principal.get(name, 1) - 1
+            if left > 0:
+                self.per_principal[name] = left
+            else:
+                self.per_principal.pop(name, None)
         if session.stream is not None:
             session.stream.close()
 

@@ -34,6 +34,11 @@ class App:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         self.calls += 1
         path = scope["path"]
+        if path == "/early":  # answers before reading the body, like an auth or media-type rejection
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"content-length", b"6")]})
+            await send({"type": "http.response.body", "body": b"denied"})
+            return
         body = b""
         while True:
             message = await receive()
@@ -362,3 +367,72 @@ async def test_graceful_stop_finishes_the_request_in_flight_and_closes_idle_conn
         assert await busy.closed()
         with pytest.raises(OSError):
             await trio.open_tcp_stream("127.0.0.1", srv.port)
+
+
+# -- edges found by fault injection ----------------------------------------------------------------
+
+
+async def test_bare_crlfs_do_not_keep_an_idle_connection_open() -> None:
+    async with running(idle_timeout_s=0.5) as srv:
+        async with client(srv) as c:
+            closed = False
+            with trio.move_on_after(3):
+                while True:
+                    try:
+                        await c.send(b"\r\n")
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        closed = True
+                        break
+                    with trio.move_on_after(0.1):
+                        if not await c._fill():
+                            closed = True
+                            break
+            assert closed, "a client sending bare CRLFs was never timed out"
+
+
+async def test_an_early_rejection_says_connection_close_when_the_body_was_not_read() -> None:
+    async with running() as srv:
+        async with client(srv) as c:
+            await c.send(b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"x" * 10)
+            status, headers, body = await c.response()
+            assert status == 401 and body == b"denied"
+            assert headers.get(b"connection") == b"close"
+            assert await c.closed()
+
+
+async def test_an_early_answer_after_the_whole_body_arrived_keeps_the_connection() -> None:
+    async with running() as srv:
+        async with client(srv) as c:
+            await c.send(post(b"/early", b"small") + post(b"/next", b""))
+            status, headers, _ = await c.response()
+            assert status == 401 and b"connection" not in headers
+            status, _, body = await c.response()
+            assert status == 200 and body.startswith(b"POST /next")
+
+
+@pytest.mark.parametrize("framing", [
+    b"zz\r\nhello\r\n0\r\n\r\n",                         # not a hex size
+    b"-5\r\nhello\r\n0\r\n\r\n",                         # negative size
+    b"ffffffffffffffffffffff\r\nhello\r\n0\r\n\r\n",     # overflowing size
+    b"5\r\nhelloEXTRA\r\n0\r\n\r\n",                     # data longer than its size
+])
+async def test_malformed_chunked_framing_gets_400_and_close(framing: bytes) -> None:
+    async with running() as srv:
+        async with client(srv) as c:
+            await c.send(b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + framing)
+            status, headers, _ = await c.response()
+            assert status == 400 and headers[b"connection"] == b"close"
+            assert await c.closed()
+
+
+@pytest.mark.parametrize("head", [
+    b"Transfer-Encoding: chunked, gzip",                  # chunked not last
+    b"Transfer-Encoding: chunked\r\nContent-Length: 5",  # both framings
+])
+async def test_ambiguous_body_framing_gets_400(head: bytes) -> None:
+    async with running() as srv:
+        async with client(srv) as c:
+            await c.send(b"POST /a HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            status, headers, _ = await c.response()
+            assert status == 400 and headers[b"connection"] == b"close"
+        assert srv.app.calls == 0

@@ -136,11 +136,15 @@ async def test_concurrency_session_and_stream_caps_answer_503(tmp_path: Path, en
                 await trio.sleep(0.2)
                 busy = await client.post(srv.url, content=modern_body("tools/list"), headers=modern_headers("tools/list"))
                 assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+            old_sid = await _initialize(client, srv.url)
+            # The table is full (max_sessions=1) and its only session is the caller's own and idle:
+            # it gives way to the new one (a full table evicts the biggest holder's idle sessions).
             sid = await _initialize(client, srv.url)
-            refused = await client.post(srv.url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
-                headers={"accept": ACCEPT_BOTH})
-            assert refused.status_code == 503 and refused.json()["id"] == 1
+            assert sid != old_sid
+            gone = await client.post(srv.url, content=b'{"jsonrpc":"2.0","id":2,"method":"ping"}',
+                                     headers={"accept": ACCEPT_BOTH, "content-type": "application/json",
+                                              "mcp-session-id": old_sid, "mcp-protocol-version": LEGACY})
+            assert gone.status_code == 404
             body, headers = _listen({"toolsListChanged": True}, "one")
             async with client.stream("POST", srv.url, content=body, headers=headers) as first:
                 # Keep the reader: a discarded line iterator is finalised, which closes the stream.

@@ -1,0 +1,49 @@
+"""One principal cannot fill the legacy session table and lock every other principal out."""
+
+from __future__ import annotations
+
+from runtime.auth import Principal
+from runtime.protocol.core import ConnState
+from runtime.transports.http_sessions import SessionTable
+
+
+def test_a_principal_at_its_cap_reuses_its_own_least_recently_used_idle_session() -> None:
+    table = SessionTable(max_sessions=100, idle_s=3600, max_per_principal=3)
+    greedy = Principal("greedy")
+    first = [table.create(greedy, ConnState(), now=t) for t in range(3)]
+    assert all(s is not None for s in first)
+    fourth = table.create(greedy, ConnState(), now=10)
+    assert fourth is not None and len(table) == 3
+    assert first[0] is not None and first[0].id not in table.sessions  # the oldest idle one went
+
+
+def test_a_principal_at_its_cap_with_no_idle_session_is_refused() -> None:
+    table = SessionTable(max_sessions=100, idle_s=3600, max_per_principal=2)
+    busy = Principal("busy")
+    for t in range(2):
+        session = table.create(busy, ConnState(), now=t)
+        assert session is not None
+        session.busy = 1
+    assert table.create(busy, ConnState(), now=5) is None
+
+
+def test_a_full_table_evicts_the_biggest_holders_idle_sessions_not_the_newcomer() -> None:
+    table = SessionTable(max_sessions=10, idle_s=3600, max_per_principal=10)
+    flood = Principal("flood")
+    for t in range(10):
+        assert table.create(flood, ConnState(), now=t) is not None
+    polite = Principal("polite")
+    for t in range(3):
+        assert table.create(polite, ConnState(), now=20 + t) is not None
+    assert len(table) == 10
+    assert table.per_principal == {"flood": 7, "polite": 3}
+    assert sum(1 for s in table.sessions.values() if s.principal.name == "polite") == 3
+
+
+def test_removal_keeps_the_per_principal_counts_exact() -> None:
+    table = SessionTable(max_sessions=10, idle_s=1, max_per_principal=10)
+    p = Principal("p")
+    for t in range(4):
+        table.create(p, ConnState(), now=t)
+    table.expire(now=100)
+    assert len(table) == 0 and table.per_principal == {}
