@@ -2,7 +2,10 @@
 
 Arguments and results are never written, only their size; tokens never reach this module. The
 log is fed by ``Daemon.call_hooks`` (every call that reached a worker pool, on any transport) and
-by the HTTP transport for calls refused before that (rate limits). ``outcome`` is ``ok``, ``busy``
+by the HTTP transport for calls refused before that (rate limits), and for calls the protocol core
+refused (``unknown``/out-of-scope tools and bad params: ``invalid_params``; arguments that fail the
+tool's schema: ``invalid_arguments``). Every ``tools/call`` that reaches the daemon gets exactly one
+line. ``outcome`` is ``ok``, ``busy``
 or the worker failure kind (``timeout``, ``output_cap``, ``crashed`` — which covers memory and
 CPU kills —, ``cancelled``, ``unavailable``, ...); ``limit`` names the limit hit, if any.
 """
@@ -29,8 +32,8 @@ class AuditLog:
 
     def hook(self, event: dict[str, Any]) -> None:
         """A ``Daemon.call_hooks`` entry."""
-        self.write(event.get("principal"), event["tool"], event.get("plugin"), event.get("argument_bytes"),
-                   event["outcome"], event.get("duration_s", 0.0))
+        self.write(event.get("principal"), event.get("requested") or event["tool"], event.get("plugin"),
+                   event.get("argument_bytes"), event["outcome"], event.get("duration_s", 0.0))
 
     def write(self, principal: str | None, tool: str, plugin: str | None, argument_bytes: int | None,
               outcome: str, duration_s: float) -> None:

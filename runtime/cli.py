@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import sys
-from pathlib import Path
 from typing import Any, Sequence
 
 import trio

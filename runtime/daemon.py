@@ -309,6 +309,23 @@ class Daemon:
             raise
         return box[0]
 
+    def record_refusal(self, reply: Any, principal: str | None) -> None:
+        """A ``tools/call`` the protocol core answered without running it (unknown or out-of-scope
+        tool, invalid params or arguments): one audit/metrics event like every other call."""
+        if reply.refused is None or not self.call_hooks:
+            return
+        requested, outcome = reply.refused
+        entry = self.catalog.get(requested) if requested else None
+        # Metrics label by tool: a name the client made up never becomes a label of its own.
+        event = {"tool": entry.name if entry is not None else "(unknown)", "requested": requested,
+                 "plugin": entry.plugin if entry is not None else None, "principal": principal, "outcome": outcome,
+                 "duration_s": 0.0, "argument_keys": None, "argument_bytes": None}
+        for hook in self.call_hooks:
+            try:
+                hook(event)
+            except Exception as exc:  # a hook's failure never fails the request
+                log("internal_error", level="error", where="call hook", error=f"{type(exc).__name__}: {exc}")
+
     def _hook(self, call: ToolCall, principal: str | None, outcome: str, started: float) -> None:
         if not self.call_hooks:
             return

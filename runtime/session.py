@@ -62,6 +62,8 @@ class Session:
         if type(action) is ToolCall:
             self._start_call(action)
         elif type(action) is Reply:
+            if action.refused is not None:
+                self.daemon.record_refusal(action, self.principal)
             if action.data is not None:
                 self.emit(action.data)
         elif type(action) is Cancel:
@@ -153,6 +155,8 @@ class Session:
                             calls[i] = action
                             n.start_soon(run, i, action)
                         elif type(action) is Reply:
+                            if action.refused is not None:
+                                self.daemon.record_refusal(action, self.principal)
                             replies[i] = action.data
                         elif type(action) is Cancel:
                             self._cancel(action.request_id)

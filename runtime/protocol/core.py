@@ -74,6 +74,29 @@ class Reply:
     error_code: int | None = None
     modern: bool = False
     request_id: Any = None
+    #: A ``tools/call`` answered without running: (the tool name asked for, why) for the audit log.
+    refused: tuple[str, str] | None = None
+
+
+def requested_tool(raw_params: msgspec.Raw) -> str:
+    """The tool name a refused ``tools/call`` asked for (clipped), for the audit log only."""
+    try:
+        name = _name_only.decode(raw_params).name if raw_params else None
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, ValueError):
+        name = None
+    return _clip(name) if isinstance(name, str) else ""
+
+
+def _refusal(error_code: int | None) -> str:
+    return {rpc.INVALID_PARAMS: "invalid_params", rpc.METHOD_NOT_FOUND: "invalid_request",
+            rpc.INVALID_REQUEST: "invalid_request"}.get(error_code or 0, "refused")
+
+
+class _NameOnly(msgspec.Struct):
+    name: Any = None
+
+
+_name_only = msgspec.json.Decoder(_NameOnly)
 
 
 @dataclass(eq=False)
@@ -175,10 +198,14 @@ class Core:
                 raise ProtocolError(rpc.INVALID_PARAMS, "Invalid params: _meta must be an object")
             modern = method == "server/discover" or (meta is not None and eras.META_VERSION in meta)
             if modern:
-                return self._modern(state, env, id_bytes, method, params, meta, catalog)
-            return self._legacy(state, env, id_bytes, method, params, meta, catalog)
+                action = self._modern(state, env, id_bytes, method, params, meta, catalog)
+            else:
+                action = self._legacy(state, env, id_bytes, method, params, meta, catalog)
         except ProtocolError as exc:
-            return self._error(state, env.id, exc, modern=modern)
+            action = self._error(state, env.id, exc, modern=modern)
+        if method == "tools/call" and type(action) is Reply and action.refused is None:
+            action.refused = (requested_tool(env.params), _refusal(action.error_code))
+        return action
 
     # -- legacy era ----------------------------------------------------------------------------
 
@@ -329,7 +356,8 @@ class Core:
         if problem is not None:
             message = f"Invalid arguments for tool {entry.name}: {problem}"
             if eras.validation_error_as_result(version):
-                return Reply(self._result_bytes(call, [{"type": "text", "text": message}], None, True), modern=modern)
+                return Reply(self._result_bytes(call, [{"type": "text", "text": message}], None, True), modern=modern,
+                             refused=(entry.name, "invalid_arguments"))
             raise ProtocolError(rpc.INVALID_PARAMS, message)
         return call
 

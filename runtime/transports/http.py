@@ -37,7 +37,7 @@ from runtime.http_config import HttpConfig
 from runtime.logs import log
 from runtime.protocol import eras
 from runtime.protocol import jsonrpc as rpc
-from runtime.protocol.core import Cancel, ConnState, Listen, Reply, ToolCall
+from runtime.protocol.core import Cancel, ConnState, Listen, Reply, ToolCall, requested_tool
 from runtime.ratelimit import RateLimited, RateLimiter
 from runtime.transports import mcp_headers
 from runtime.transports.asgi import (
@@ -236,6 +236,7 @@ class HttpApp:
             wait = self.limiter.take(("principal", principal.name), rate, time.monotonic())
             if wait > 0:
                 self.rate_limited["principal"] += 1
+                self._audit_refused(env, principal, "rate_limited")
                 return await self._limited(r, RateLimited(f"principal {principal.name}", wait), id_bytes)
         if isinstance(env, list):
             return await self._legacy_batch(r, headers, principal, body)
@@ -267,11 +268,14 @@ class HttpApp:
                                   headers.get(b"mcp-method"), headers.get(b"mcp-name"), headers.params,
                                   (catalog or self.daemon.catalog).get)
             except mcp_headers.HeaderMismatch as exc:
+                self._audit_refused(env, principal, "header_mismatch")
                 return await self._plain_error(r, 400, f"Header mismatch: {exc.message}", id_bytes=id_bytes,
                                                code=rpc.HEADER_MISMATCH)
         action = self.core.handle(ConnState(), env, catalog)
         kind = type(action)
         if kind is Reply:
+            if action.refused is not None:
+                self.daemon.record_refusal(action, principal.name)
             if action.data is None:
                 return await r.body(202, b"", None)
             status = _MODERN_STATUS.get(action.error_code, 400) if action.error_code is not None else 200
@@ -326,6 +330,8 @@ class HttpApp:
             action = self.core.handle(session.state, env, principal.catalog(self.daemon.catalog))
             kind = type(action)
             if kind is Reply:
+                if action.refused is not None:
+                    self.daemon.record_refusal(action, principal.name)
                 if action.data is None:
                     return await r.body(202, b"", None)
                 status = _LEGACY_STATUS.get(action.error_code, 200) if action.error_code is not None else 200
@@ -374,6 +380,8 @@ class HttpApp:
             async with trio.open_nursery() as nursery:
                 for i, item in enumerate(actions):
                     if type(item) is Reply:
+                        if item.refused is not None:
+                            self.daemon.record_refusal(item, principal.name)
                         replies[i] = item.data
                     elif type(item) is Cancel:
                         self._cancel_in_session(session, item.request_id)
@@ -397,6 +405,23 @@ class HttpApp:
         replies[i] = await self.daemon.execute(call, lambda _data: None, principal.name)
 
     # -- tool calls (both eras) ----------------------------------------------------------------
+
+    def _audit_refused(self, env: Any, principal: Principal, outcome: str) -> None:
+        """One audit line for a ``tools/call`` (or each in a batch) refused before the core saw it."""
+        if self.audit is None:
+            return
+        items = env if isinstance(env, list) else [env]
+        for item in items:
+            method = item.get("method") if isinstance(item, dict) else getattr(item, "method", None)
+            if method != "tools/call":
+                continue
+            if isinstance(item, dict):
+                params = item.get("params")
+                name = params.get("name") if isinstance(params, dict) else None
+                tool = name[:80] if isinstance(name, str) else ""
+            else:
+                tool = requested_tool(item.params)
+            self.audit.write(principal.name, tool, None, None, outcome, 0.0)
 
     def _tool_limited(self, call: ToolCall, principal: Principal) -> RateLimited | None:
         cfg = self.cfg

@@ -214,3 +214,34 @@ def test_legacy_sessions_belong_to_their_principal(locked_server: ServerProcess,
     own = client.post(locked_server.url, json=rpc("tools/list", {}), headers=legacy_headers(FULL, sid))
     assert own.status_code == 200
     assert own.json()["id"] == 1 and LEGACY
+
+
+def test_every_refused_tool_call_gets_exactly_one_audit_line_with_its_outcome(
+        locked_server: ServerProcess, client: httpx2.Client) -> None:
+    alpha = TOKENS["alpha"]
+    cases = [
+        ({"name": "no_such_tool_audit", "arguments": {}}, FULL, "invalid_params", "no_such_tool_audit"),
+        ({"name": "b_secret", "arguments": {"marker": "scope"}}, alpha, "invalid_params", "b_secret"),
+        ({"name": "a_echo", "arguments": {"text": 12345}}, FULL, "invalid_arguments", "a_echo"),
+    ]
+    before = len(locked_server.audit_path.read_text().splitlines())
+    for params, token, _, _ in cases:
+        modern_post(client, locked_server.url, "tools/call", params, token=token)
+    slow = TOKENS["slow"]
+    for i in range(6):  # the slow principal's bucket holds 3: some of these are rate limited
+        modern_post(client, locked_server.url, "tools/call", {"name": "a_echo", "arguments": {"text": f"rl{i}"}},
+                    token=slow, id=f"rl{i}")
+    deadline = time.monotonic() + 5
+    new: list[dict] = []
+    while time.monotonic() < deadline:
+        lines = [json.loads(x) for x in locked_server.audit_path.read_text().splitlines() if x.strip()]
+        new = lines[before:]
+        if len(new) >= len(cases) + 6:
+            break
+        time.sleep(0.05)
+    assert len(new) == len(cases) + 6, new
+    for _params, _token, outcome, tool in cases:
+        matching = [rec for rec in new if rec["tool"] == tool and rec["outcome"] == outcome]
+        assert len(matching) == 1, (tool, outcome, new)
+    slow_lines = [rec for rec in new if rec["principal"] == "slow"]
+    assert len(slow_lines) == 6 and any(rec["outcome"] == "rate_limited" for rec in slow_lines)
