@@ -79,6 +79,8 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     max_sessions: int = 10_000
     #: Legacy sessions one principal may hold; at the cap its least recently used idle one is reused.
     max_sessions_per_principal: int = 1_000
+    #: Messages of a legacy session's GET stream kept for a client that reconnects (Last-Event-ID).
+    sse_replay_events: int = 64
     #: Long-lived SSE streams (legacy GET streams, subscriptions/listen) open at once.
     max_streams: int = 1_000
     #: Keep-alive idle time, and the time a client has to finish sending request headers.
@@ -122,7 +124,7 @@ def check_http_config(cfg: HttpConfig) -> list[str]:
         "max_body_bytes": cfg.max_body_bytes, "max_header_bytes": cfg.max_header_bytes,
         "max_concurrent_requests": cfg.max_concurrent_requests, "max_connections": cfg.max_connections,
         "max_requests_per_connection": cfg.max_requests_per_connection, "max_sessions": cfg.max_sessions,
-        "max_sessions_per_principal": cfg.max_sessions_per_principal,
+        "max_sessions_per_principal": cfg.max_sessions_per_principal, "sse_replay_events": cfg.sse_replay_events,
         "max_streams": cfg.max_streams, "idle_timeout_s": cfg.idle_timeout_s, "body_timeout_s": cfg.body_timeout_s,
         "write_timeout_s": cfg.write_timeout_s, "session_idle_s": cfg.session_idle_s, "keepalive_s": cfg.keepalive_s,
     }

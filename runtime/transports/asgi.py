@@ -23,7 +23,7 @@ SSE_HEADERS: Headers = [(b"content-type", SSE), (b"cache-control", b"no-cache, n
                         (b"x-accel-buffering", b"no")]
 _WANTED = frozenset({b"host", b"origin", b"authorization", b"accept", b"content-type", b"content-length",
                      b"mcp-session-id", b"mcp-protocol-version", b"mcp-method", b"mcp-name",
-                     b"access-control-request-headers"})
+                     b"access-control-request-headers", b"last-event-id"})
 _PARAM_PREFIX = b"mcp-param-"
 
 
@@ -116,6 +116,12 @@ class Responder:
     async def events(self, messages: list[bytes]) -> None:
         """Send JSON-RPC messages as SSE ``message`` events (one write for all of them)."""
         chunk = b"".join(b"event: message\ndata: " + m + b"\n\n" for m in messages)
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def events_with_ids(self, events: list[tuple[int, bytes]]) -> None:
+        """Send ``(event id, JSON-RPC message)`` pairs as SSE ``message`` events carrying ``id:``, so
+        that a client that reconnects can say where it stopped (``Last-Event-ID``)."""
+        chunk = b"".join(b"id: %d\nevent: message\ndata: %s\n\n" % (i, m) for i, m in events)
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
 
     async def comment(self, text: bytes = b"keep-alive") -> None:

@@ -541,12 +541,20 @@ class HttpApp:
         assert isinstance(session, LegacySession)
         if not accepts(headers.get(b"accept"))[1]:
             return await self._plain_error(r, 406, "Not Acceptable: the GET stream is text/event-stream")
+        resume_from = headers.get(b"last-event-id")
         if session.stream is not None:
-            return await self._plain_error(r, 409, "Conflict: this session already has an open GET stream")
+            if resume_from is None:
+                return await self._plain_error(r, 409, "Conflict: this session already has an open GET stream")
+            # A client resuming: its old stream is gone even if we have not noticed yet. It ends here
+            # and the new one continues after the client's Last-Event-ID.
+            session.stream.close()
+            session.stream = None
         if self.streams >= self.cfg.max_streams or self.shutting_down:
             return await self._plain_error(r, 503, "Service Unavailable: too many open streams; retry later",
                                            [(b"retry-after", b"5")], code=rpc.SERVER_BUSY)
-        stream = session.stream = PushStream()
+        stream = session.stream = PushStream(with_ids=True)
+        for event_id, data in session.missed(resume_from):
+            stream.push_event(event_id, data)  # what the client missed while it was away
         self.streams += 1
         try:
             await r.start_sse()
@@ -596,7 +604,10 @@ class HttpApp:
             if stream.pending:
                 batch = list(stream.pending)
                 stream.pending.clear()
-                await r.events(batch)
+                if stream.with_ids:
+                    await r.events_with_ids(batch)
+                else:
+                    await r.events(batch)
                 if r.gone:
                     stream.closed = True
                     return
@@ -609,9 +620,12 @@ class HttpApp:
     def _on_catalog_change(self) -> None:
         core = self.core
         note = core.list_changed()
+        keep = self.cfg.sse_replay_events
         for session in self.sessions.sessions.values():
-            if session.stream is not None and session.state.legacy_version is not None:
-                session.stream.push(note)
+            if session.state.legacy_version is not None:
+                event_id = session.record(note, keep)
+                if session.stream is not None:
+                    session.stream.push_event(event_id, note)
         for stream in self.listens:
             listen = stream.listen
             if listen is not None and listen.tools_list_changed:

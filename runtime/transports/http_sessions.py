@@ -81,18 +81,20 @@ class CallBox(Waker):
 
 
 class PushStream(Waker):
-    __slots__ = ("closed", "last", "listen", "overflow", "pending")
+    __slots__ = ("closed", "last", "listen", "overflow", "pending", "with_ids")
 
-    def __init__(self, listen: Listen | None = None) -> None:
+    def __init__(self, listen: Listen | None = None, with_ids: bool = False) -> None:
         super().__init__()
-        self.pending: deque[bytes] = deque()
+        #: Messages to send; ``(event id, message)`` pairs when ``with_ids`` (a legacy GET stream).
+        self.pending: deque[Any] = deque()
+        self.with_ids = with_ids
         self.closed = False
         self.overflow = False
         #: A message to send before closing (the listen completion result on shutdown).
         self.last: bytes | None = None
         self.listen = listen
 
-    def push(self, data: bytes) -> None:
+    def push(self, data: Any) -> None:
         if self.closed:
             return
         if len(self.pending) >= MAX_PENDING:
@@ -101,6 +103,9 @@ class PushStream(Waker):
         else:
             self.pending.append(data)
         self.wake()
+
+    def push_event(self, event_id: int, data: bytes) -> None:
+        self.push((event_id, data))
 
     def close(self, last: bytes | None = None) -> None:
         if not self.closed:
@@ -119,6 +124,32 @@ class LegacySession:
     inflight: dict[Any, tuple[ToolCall, Any, CallBox]] = field(default_factory=dict)
     stream: PushStream | None = None
     busy: int = 0  # requests being handled right now
+    #: The last messages meant for the GET stream, with their event ids (replayed to a client that
+    #: reconnects with ``Last-Event-ID``), bounded by ``http.sse_replay_events``.
+    replay: deque[tuple[int, bytes]] = field(default_factory=deque)
+    next_event_id: int = 1
+
+    def record(self, data: bytes, keep: int) -> int:
+        """Give ``data`` (a message for the GET stream) its event id and keep it for replay."""
+        event_id = self.next_event_id
+        self.next_event_id += 1
+        self.replay.append((event_id, data))
+        while len(self.replay) > keep:
+            self.replay.popleft()
+        return event_id
+
+    def missed(self, last_event_id: bytes | None) -> list[tuple[int, bytes]]:
+        """What a client that last saw ``last_event_id`` has not seen (all that is kept for an id this
+        session never gave, or one older than what is kept)."""
+        if last_event_id is None:
+            return []
+        try:
+            last = int(last_event_id.strip())
+        except ValueError:
+            return []
+        if not 0 < last < self.next_event_id:
+            return []
+        return [(i, d) for i, d in self.replay if i > last]
 
 
 def new_session_id() -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import httpx2
 import pytest
 import trio
-from http_harness import drop_plugin, make_plugins, open_http
+from http_harness import BETA, drop_plugin, make_plugins, open_http, write_plugin
 from httpkit import ACCEPT_BOTH, LEGACY, modern_body, modern_headers
 
 # Both HTTP engines run the same app: toolcell's lean HTTP/1.1 loop (the default) and hypercorn.
@@ -165,3 +165,45 @@ async def test_idle_sessions_are_forgotten(tmp_path: Path, engine: str) -> None:
             await trio.sleep(0.8)
             gone = await client.post(srv.url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, headers=headers)
             assert gone.status_code == 404
+
+
+async def _raw_events(response: httpx2.Response, count: int, timeout_s: float = 5.0) -> list[tuple[str | None, dict]]:
+    """The next ``count`` SSE events of ``response`` as (id, JSON message) pairs."""
+    events: list[tuple[str | None, dict]] = []
+    event_id: str | None = None
+    data: list[str] = []
+    with trio.fail_after(timeout_s):
+        async for line in response.aiter_lines():
+            if line.startswith("id:"):
+                event_id = line[3:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].strip())
+            elif line == "" and data:
+                events.append((event_id, json.loads("".join(data))))
+                event_id, data = None, []
+                if len(events) == count:
+                    return events
+    return events
+
+
+async def test_a_reconnecting_get_stream_gets_what_it_missed_by_last_event_id(tmp_path: Path, engine: str) -> None:
+    plugins = make_plugins(tmp_path / "plugins")
+    write_plugin(plugins, "gamma", BETA, "c_")
+    async with open_http(plugins, tmp_path / "state", engine=engine, keepalive_s=0.2) as srv:  # noqa: SIM117
+        async with httpx2.AsyncClient(timeout=10) as client:
+            sid = await _initialize(client, srv.url)
+            get_headers = {"accept": "text/event-stream", "mcp-session-id": sid, "mcp-protocol-version": LEGACY}
+            async with client.stream("GET", srv.url, headers=get_headers) as stream:
+                await trio.sleep(0.1)
+                await drop_plugin(srv.daemon, "beta")
+                [(first_id, first)] = await _raw_events(stream, 1)
+            assert first_id is not None and first["method"] == "notifications/tools/list_changed"
+            await drop_plugin(srv.daemon, "gamma")  # while the client is away
+            async with client.stream("GET", srv.url, headers={**get_headers, "last-event-id": first_id}) as again:
+                missed = await _raw_events(again, 1)
+            assert [m["method"] for _, m in missed] == ["notifications/tools/list_changed"]
+            assert missed[0][0] is not None and int(missed[0][0]) > int(first_id)
+            # Without Last-Event-ID a new stream starts empty.
+            async with client.stream("GET", srv.url, headers=get_headers) as fresh:
+                with trio.move_on_after(0.6):
+                    assert await _raw_events(fresh, 1, timeout_s=10) == []

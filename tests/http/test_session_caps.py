@@ -47,3 +47,15 @@ def test_removal_keeps_the_per_principal_counts_exact() -> None:
         table.create(p, ConnState(), now=t)
     table.expire(now=100)
     assert len(table) == 0 and table.per_principal == {}
+
+
+def test_the_get_stream_replay_ring_is_bounded_and_ignores_ids_it_never_gave() -> None:
+    table = SessionTable(max_sessions=10, idle_s=3600)
+    session = table.create(Principal("p"), ConnState(), now=0)
+    assert session is not None
+    ids = [session.record(b"m%d" % i, keep=3) for i in range(5)]
+    assert ids == [1, 2, 3, 4, 5]
+    assert [i for i, _ in session.missed(b"3")] == [4, 5]
+    assert [i for i, _ in session.missed(b"1")] == [3, 4, 5]  # older than what is kept: all that is kept
+    for bogus in (None, b"", b"abc", b"0", b"-1", b"99", b"5"):
+        assert session.missed(bogus) == [], bogus
