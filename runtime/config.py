@@ -21,7 +21,24 @@ import msgspec
 
 from runtime.http_config import HttpConfig, check_http_config
 
-BUNDLED_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+def _bundled_plugins() -> Path:
+    """The bundled plugins: ``plugins/`` beside ``runtime/`` in a checkout (and an editable install),
+    else the copy a wheel or ``pip install .`` put in site-packages as ``toolcell_plugins``."""
+    checkout = Path(__file__).resolve().parent.parent / "plugins"
+    if checkout.is_dir():
+        return checkout
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("toolcell_plugins")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return checkout
+
+
+BUNDLED_PLUGINS = _bundled_plugins()
 
 
 def default_state_dir() -> str:

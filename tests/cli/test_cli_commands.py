@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -347,3 +348,28 @@ def test_each_daemon_has_its_own_pidfile_and_reload_says_which_it_reached(tmp_pa
             if d.poll() is None:
                 os.kill(d.pid, 9)
                 d.wait(10)
+
+
+def test_a_non_editable_install_serves_the_bundled_plugins(tmp_path: Path) -> None:
+    """`pip install .` (a wheel) ships the bundled plugins inside the package: run from outside the
+    checkout, with only the installed copy importable, `toolcell list` finds their tools."""
+    wheels = tmp_path / "wheels"
+    target = tmp_path / "site"
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                            str(wheels), str(REPO)], capture_output=True, text=True, timeout=300, check=False)
+    assert build.returncode == 0, build.stderr[-2000:]
+    [wheel] = list(wheels.glob("toolcell-*.whl"))
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+                              str(wheel)], capture_output=True, text=True, timeout=300, check=False)
+    assert install.returncode == 0, install.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(target)
+    out = subprocess.run([sys.executable, "-c", "import runtime, sys; from runtime.cli import main; "
+                          "assert runtime.__file__.startswith(sys.argv[1]), runtime.__file__; "
+                          "sys.argv = ['toolcell', 'list', '--json', '--policy', 'none']; sys.exit(main())",
+                          str(target)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    listing = json.loads(out.stdout)
+    assert {"test_simple_text", "json_schema_2020_12_tool"} <= {t["name"] for t in listing["tools"]}
+    assert all(p["path"].startswith(str(target)) for p in listing["plugins"])
