@@ -78,3 +78,23 @@ async def test_a_folder_missing_at_start_is_watched_for(tmp_path: Path) -> None:
         write_plugin(plugins, "beta", {"b1": "bee"})
         await tools_become(session, seen, 2, ["a1", "b1"])
     assert "plugin_dir_missing" in (tmp_path / "err.log").read_text()
+
+
+def test_without_watchfiles_the_daemon_and_doctor_say_so_loudly(tmp_path: Path) -> None:
+    """A machine where watchfiles cannot be imported (simulated by a module that refuses to load)."""
+    import subprocess
+
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "watchfiles.py").write_text("raise ImportError('blocked for this test')\n")
+    env = {**os.environ, "PYTHONPATH": str(blocker)}
+    plugins = tmp_path / "plugins"
+    write_plugin(plugins, "alpha", {"a1": "one"})
+    serve = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "--stdio", "--policy", "none",
+                            "--plugins", str(plugins)], cwd=str(REPO), env=env, input=b"", capture_output=True,
+                           timeout=60, check=False)
+    err = serve.stderr.decode()
+    assert "watcher_unavailable" in err and "blocked for this test" in err and "pip install watchfiles" in err
+    doctor = subprocess.run([sys.executable, "-m", "runtime.cli", "doctor"], cwd=str(REPO), env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert "File watching (hot reload): UNAVAILABLE" in doctor.stdout, doctor.stdout
