@@ -85,11 +85,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         trio.run(_serve, cfg, args)
     except Exception as exc:  # a listener that cannot bind, an unsafe address: say so plainly
-        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            exc = exc.exceptions[0]
-        if not isinstance(exc, (OSError, ValueError)):
+        err: BaseException = exc
+        while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
+            err = err.exceptions[0]
+        if not isinstance(err, (OSError, ValueError)):
             raise
-        print(f"toolcell serve: {exc}", file=sys.stderr)
+        print(f"toolcell serve: {err}", file=sys.stderr)
         return 1
     return 0
 

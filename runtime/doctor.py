@@ -58,12 +58,12 @@ def format_table(rows: list[tuple[str, str, str, str]], widths: tuple[int, int, 
     header = ("layer", "status", "detail / likely cause", "fix")
     lines = []
     sep = "  "
-    lines.append(sep.join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+    lines.append(sep.join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
     lines.append(sep.join("-" * w for w in widths))
     for row in rows:
-        cells = [_wrap(c, w) for c, w in zip(row, widths)]
+        cells = [_wrap(c, w) for c, w in zip(row, widths, strict=True)]
         for i in range(max(len(c) for c in cells)):
-            lines.append(sep.join((c[i] if i < len(c) else "").ljust(w) for c, w in zip(cells, widths)).rstrip())
+            lines.append(sep.join((c[i] if i < len(c) else "").ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
     return "\n".join(lines)
 
 

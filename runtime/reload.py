@@ -222,7 +222,7 @@ async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
                 await daemon.reload()
 
         async def watch_anchors(anchors: list[str] = anchors, rearm: trio.Event = rearm) -> None:
-            async for changes in watchfiles.awatch(*anchors, watch_filter=lambda _c, p: touches_a_folder(p),
+            async for _changes in watchfiles.awatch(*anchors, watch_filter=lambda _c, p: touches_a_folder(p),
                                                    debounce=debounce_ms, step=WATCH_STEP_MS, rust_timeout=250,
                                                    recursive=False, ignore_permission_denied=True):
                 rearm.set()

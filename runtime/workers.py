@@ -147,9 +147,9 @@ def kill_tree(pid: int) -> None:
         descendants = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         descendants = []
-    for sig_target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+    for kill in (os.killpg, os.kill):
         try:
-            sig_target()
+            kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
     for proc in descendants:

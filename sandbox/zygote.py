@@ -839,7 +839,7 @@ class _Zygote:
                     pass
 
     def stop(self) -> None:
-        for pid, pidfd in self.children.values():
+        for _pid, pidfd in self.children.values():
             try:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             except ProcessLookupError:

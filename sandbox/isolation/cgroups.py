@@ -108,7 +108,7 @@ def _enable_v2_controllers(base: str) -> None:
         try:
             _write(os.path.join(d, "cgroup.subtree_control"), "+memory +pids")
         except OSError as exc:
-            raise OSError(exc.errno, f"cgroup v2 not delegated: cannot enable memory,pids in {d}: {exc.strerror}")
+            raise OSError(exc.errno, f"cgroup v2 not delegated: cannot enable memory,pids in {d}: {exc.strerror}") from exc
 
 
 def create_and_join(worker_id: int | str, memory_mb: int, pids_max: int) -> Layout:

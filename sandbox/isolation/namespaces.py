@@ -95,16 +95,16 @@ def _reap(child: int, alive_w: int, ident: identity.Identity | None) -> None:
                 continue
         code = os.waitstatus_to_exitcode(status)
         if code < 0:
-            sig = -code
-            code = 128 + sig
-            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signum = -code
+            code = 128 + signum
+            if signum not in (signal.SIGKILL, signal.SIGSTOP):
                 try:
-                    signal.signal(sig, signal.SIG_DFL)
+                    signal.signal(signum, signal.SIG_DFL)
                 except (OSError, ValueError):
                     pass
             try:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-                os.kill(os.getpid(), sig)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+                os.kill(os.getpid(), signum)
             except OSError:
                 pass
     except BaseException:  # noqa: BLE001 (whatever broke, the reaper must not outlive pid 1)
