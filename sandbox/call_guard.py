@@ -38,7 +38,12 @@ class CallGuard:
         self._children_path = f"/proc/{pid}/task/{pid}/children"
         self._task_fd = self._open(self._task_path, os.O_DIRECTORY)
         self._children_fd = self._open(self._children_path, 0)
+        self.threads = 0
         self.threads = self._threads()
+        if self._task_fd < 0 or self._children_fd < 0:
+            # Without a view of its own /proc entries (a policy that hides /proc) the check is off: say so.
+            os.write(2, b"toolcell worker: /proc is not readable here, so leftover threads and processes of a "
+                        b"pooled call cannot be detected\n")
         signal.signal(signal.SIGXCPU, self._on_cpu_limit)
         _soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
         self._hard = hard

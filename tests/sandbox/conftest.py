@@ -54,6 +54,20 @@ def list_dir(path: str) -> str:
 
 
 @tool
+def fd_targets() -> str:
+    """What each fd above 3 (IPC) points to, except the one this listing opens."""
+    import json as _json
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 3:
+            try:
+                out.append(os.readlink(f"/proc/self/fd/{name}"))
+            except OSError:
+                pass
+    return _json.dumps([t for t in out if not t.startswith("/proc/") or "/fd" not in t])
+
+
+@tool
 def write_file(path: str, data: str = "pwned") -> str:
     try:
         with open(path, "w") as f:
