@@ -373,3 +373,50 @@ def test_a_non_editable_install_serves_the_bundled_plugins(tmp_path: Path) -> No
     listing = json.loads(out.stdout)
     assert {"test_simple_text", "json_schema_2020_12_tool"} <= {t["name"] for t in listing["tools"]}
     assert all(p["path"].startswith(str(target)) for p in listing["plugins"])
+
+
+def test_scratch_folders_of_daemons_that_are_gone_are_swept_at_start(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    dead = state / "999999999~greeter-abc123"   # no such pid
+    alive = state / f"{os.getpid()}~greeter-def456"  # a live process: left alone
+    for folder in (dead, alive):
+        folder.mkdir(parents=True)
+        (folder / "leftover").write_text("x")
+    config = tmp_path / "toolcell.toml"
+    config.write_text(f'state_dir = "{state}"\n')
+    out = toolcell("list", "--config", str(config), "--policy", "none", "--plugins", str(REPO / "plugins" / "conformance"))
+    assert out.returncode == 0, out.stderr
+    assert not dead.exists() and alive.exists()
+
+
+def test_what_a_plugin_prints_reaches_the_log_line_by_line_while_its_worker_lives(tmp_path: Path) -> None:
+    import time
+
+    folder = tmp_path / "plugins" / "chatty"
+    folder.mkdir(parents=True)
+    for p in (tmp_path, tmp_path / "plugins", folder):
+        p.chmod(0o755)
+    (folder / "plugin.toml").write_text('name = "chatty"\nversion = "1"\nentry = "chatty"\n')
+    (folder / "chatty.py").write_text(
+        "import time\nfrom sandbox import tool\n\n@tool\ndef talk() -> str:\n"
+        "    \"\"\"Print a line without flushing, then keep the worker busy.\"\"\"\n"
+        "    print('hello from the plugin')\n    time.sleep(30)\n    return 'done'\n")
+    stderr_path = tmp_path / "err.log"
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--stdio", "--policy", "none", "--no-watch",
+                             "--plugins", str(tmp_path / "plugins")], cwd=REPO, stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"))  # noqa: SIM115
+    try:
+        assert proc.stdin is not None
+        for message in ({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                         "params": {"protocolVersion": "2025-11-25", "capabilities": {}}},
+                        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "talk", "arguments": {}}}):
+            proc.stdin.write((json.dumps(message) + "\n").encode())
+        proc.stdin.flush()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "hello from the plugin" not in stderr_path.read_text():
+            time.sleep(0.1)
+        assert "hello from the plugin" in stderr_path.read_text(), "the print stayed in the plugin's buffer"
+    finally:
+        proc.kill()
+        proc.wait(10)
