@@ -48,7 +48,8 @@ def test_the_protocol_package_never_imports_trio_in_its_source() -> None:
 
 
 def test_importing_the_protocol_core_loads_no_trio() -> None:
-    loaded = modules_after_import("runtime.protocol.core", "runtime.protocol.eras", "runtime.protocol.jsonrpc")
+    loaded = modules_after_import("runtime.protocol.core", "runtime.protocol.eras", "runtime.protocol.jsonrpc",
+                                  "runtime.protocol.framing")
     assert "runtime.protocol.core" in loaded
     assert not any(m == "trio" or m.startswith("trio.") for m in loaded)
 

@@ -1,7 +1,7 @@
 """stdio transport: newline-delimited JSON-RPC on stdin/stdout; logs go to stderr only.
 
-Reads in large chunks and splits lines itself (a line longer than ``max_message_bytes`` is
-refused with a clear error and skipped to its end); writes everything queued since the last
+Reads in large chunks; ``runtime.protocol.framing`` (sans-io) splits the lines (a line longer
+than ``max_message_bytes`` is refused with a clear error and skipped to its end); writes everything queued since the last
 write in one ``send_all`` so that many concurrent responses cost one syscall. On stdin EOF it
 lets in-flight calls finish, flushes, and returns.
 """
@@ -14,6 +14,7 @@ import trio
 
 from runtime.daemon import Daemon
 from runtime.protocol.core import ConnState
+from runtime.protocol.framing import TOO_LONG, Item, LineSplitter
 from runtime.session import Session
 
 
@@ -87,8 +88,7 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
             session = Session(daemon, ConnState(), writer.emit, calls)
             if shutdown is not None:
                 calls.start_soon(_drain_on, shutdown, grace_s, session, read_scope, drain_scope)
-            buf = bytearray()
-            skipping = False
+            lines = LineSplitter(max_line)
             try:
                 with read_scope:
                     while True:
@@ -98,28 +98,8 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
                             chunk = b""
                         if not chunk:
                             break
-                        start = 0
-                        end = chunk.find(b"\n")
-                        while end >= 0:
-                            if skipping:
-                                skipping = False
-                            elif buf:
-                                buf += chunk[start:end]
-                                _receive_line(session, buf, max_line)
-                                buf = bytearray()
-                            else:
-                                _receive_line(session, chunk[start:end], max_line)
-                            start = end + 1
-                            end = chunk.find(b"\n", start)
-                        if not skipping:
-                            buf += chunk[start:]
-                            # +1: a line of exactly max_line bytes may still be waiting for the LF of its CRLF.
-                            if len(buf) > max_line + 1 or (len(buf) == max_line + 1 and not buf.endswith(b"\r")):
-                                writer.emit(session.core.too_large(session.state, max_line))
-                                buf = bytearray()
-                                skipping = True
-                    if buf and not skipping:
-                        _receive_line(session, buf, max_line)
+                        _deliver(session, lines.feed(chunk), max_line)
+                    _deliver(session, lines.end(), max_line)
                     await session.wait_idle()
             finally:
                 drain_scope.cancel()
@@ -127,12 +107,10 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
         writer.close()  # the writer drains what is queued (even a send in progress) and returns
 
 
-def _receive_line(session: Session, line: bytes | bytearray, max_line: int) -> None:
-    if line.endswith(b"\r"):
-        line = line[:-1]
-    if not line.strip():
-        return
-    if len(line) > max_line:
-        session.emit(session.core.too_large(session.state, max_line))
-        return
-    session.receive(bytes(line))
+def _deliver(session: Session, items: list[Item], max_line: int) -> None:
+    for item in items:
+        if item is TOO_LONG:
+            session.emit(session.core.too_large(session.state, max_line))
+        else:
+            assert isinstance(item, bytes)
+            session.receive(item)
