@@ -188,8 +188,9 @@ def sweep_orphans() -> int:
     With the daemon as child subreaper, when a worker dies its pid-namespace init and any double-forked
     grandchild whose parent died are re-parented to us. A dead one is reaped here (nothing else would
     wait for it: it would stay a zombie until the daemon exits); a live one that carries the marker
-    of a worker that is gone is killed (and reaped at the next sweep). Nothing else is touched, so an
-    embedding process's own children are safe."""
+    of a worker that is gone is killed (and reaped at the next sweep). The daemon owns its process:
+    any dead child it did not start through ``spawn_process`` is reaped, so a program that embeds
+    ``open_daemon`` and waits for children of its own must start them through ``SPAWNED`` too."""
     swept = 0
     try:
         children = psutil.Process().children()
