@@ -310,7 +310,7 @@ class Worker:
     """One worker process and its IPC socket (used raw: trio only waits for readiness)."""
 
     __slots__ = ("proc", "raw", "buf", "pid", "ready", "dead", "scratch", "max_frame", "calls", "layers",
-                 "output_tail", "exited", "pending", "out", "out_wake", "sending", "token", "egress", "fds")
+                 "output_tail", "exited", "pending", "out", "out_wake", "sending", "token", "egress", "fds", "oom_seen")
 
     def __init__(self, proc: trio.Process, raw: socket.socket, scratch: str, max_frame: int) -> None:
         self.proc = proc
@@ -336,6 +336,8 @@ class Worker:
         self.egress: trio.CancelScope | None = None
         #: File descriptors that came over the IPC socket during start-up (only the egress listener is kept).
         self.fds: list[int] = []
+        #: OOM kills of this worker's cgroup already reported (per_call: one per killed call).
+        self.oom_seen = 0
 
     def close_fds(self) -> None:
         while self.fds:
@@ -880,6 +882,8 @@ class WorkerPool:
                         if head is None or msg.id != head.call.id:
                             raise WorkerFailure("garbage", "the worker answered a call it was not given")
                         worker_frames.check_result(msg)
+                        if msg.killed:
+                            msg = self._name_kill(worker, msg)
                         pending.popleft()
                         head.result = msg
                         worker.calls += 1
@@ -917,6 +921,19 @@ class WorkerPool:
                 error=f"{type(exc).__name__}: {str(exc)[:300]}")
             if not worker.dead:
                 self._fail_worker(worker, WorkerFailure("garbage", "the daemon could not handle what the worker sent"))
+
+    def _name_kill(self, worker: Worker, msg: wire.Result) -> wire.Result:
+        """per_call: a call process SIGKILLed before it answered; say "out of memory" when the worker's
+        cgroup counted an OOM kill since the last one we saw."""
+        try:
+            oom = cgroups.limit_events(worker.pid).get("oom_kill", 0)
+        except Exception:  # noqa: BLE001 (reading the cgroup is best effort)
+            return msg
+        if oom <= worker.oom_seen:
+            return msg
+        worker.oom_seen = oom
+        text = f"the call ran out of memory (its limit is {self.limits.memory_mb} MB) and was killed"
+        return wire.Result(msg.id, [{"type": "text", "text": text}], is_error=True)
 
     def _relay(self, slot: Slot, msg: Any, size: int) -> None:
         """Pass one progress/log frame of ``slot`` to its client, within the call's budget.

@@ -167,6 +167,9 @@ class Result(msgspec.Struct, tag="result", frozen=True, array_like=True):
     traceback: Union[str, None] = None
     #: The worker ends after this result (the call left something running): send it nothing more.
     retire: Union[str, None] = None
+    #: per_call: the call's process was killed by SIGKILL before it answered (the daemon asks the
+    #: worker's cgroup whether that was the memory limit).
+    killed: bool = False
 
 
 FromWorker = Union[Ready, LoadFailed, Progress, Log, Result, EgressListener]

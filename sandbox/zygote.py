@@ -1074,7 +1074,8 @@ class _Relay:
         if cur is None or cur.cid != cid:
             return
         if not cur.answered:
-            self.give_up(cur, f"tool process ended without a result ({describe_status(status)})")
+            killed = status >= 0 and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+            self.give_up(cur, f"tool process ended without a result ({describe_status(status)})", killed)
         os.close(cur.pidfd)
         self.finish()
 
@@ -1088,11 +1089,11 @@ class _Relay:
             self.prof["reset_us"].append(now - t)
             self.prof["answered_to_next_us"].append(now - self.t_answered)
 
-    def give_up(self, cur: _Proc, text: str) -> None:
+    def give_up(self, cur: _Proc, text: str, killed: bool = False) -> None:
         cur.answered = True
         self.t_answered = _now_us()
         assert cur.call is not None
-        self.answer(Result(cur.call.id, [{"type": "text", "text": text}], is_error=True))
+        self.answer(Result(cur.call.id, [{"type": "text", "text": text}], is_error=True, killed=killed))
 
     def from_child(self, cur: _Proc, exited: bool = False) -> None:
         """Relay what the running call's process sent; ``exited``: it has died (read the rest first)."""

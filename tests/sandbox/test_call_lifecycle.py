@@ -172,8 +172,9 @@ async def assert_gone(procs: list[psutil.Process]) -> None:
     assert not alive, f"processes of the retired worker are still running: {alive}"
 
 
-async def test_a_memory_hog_is_reported_as_out_of_memory(make_plugin: Callable[..., Path], tmp_path: Path) -> None:
-    async with open_toolcell(plugin(make_plugin, "pooled"), policy="strict", stderr_path=tmp_path / "d.log") as peer:
+async def test_a_memory_hog_is_reported_as_out_of_memory(make_plugin: Callable[..., Path], mode: str,
+                                                          tmp_path: Path) -> None:
+    async with open_toolcell(plugin(make_plugin, mode), policy="strict", stderr_path=tmp_path / "d.log") as peer:
         await peer.initialize()
         text = error_text(await peer.call("eat_memory", {"mb": 600}, timeout=30))
         assert "out of memory" in text or "MemoryError" in text, text
