@@ -145,3 +145,38 @@ def test_sigterm_answers_calls_still_running_at_the_end_of_the_grace_on_both_era
         assert server.proc.wait(timeout=15) == 0
     finally:
         stop_server(server)
+
+
+def test_sigterm_answers_a_legacy_session_call_still_running_at_the_end_of_the_grace(tmp_path: Path) -> None:
+    server = start_server(tmp_path, PLAIN_CONFIG.replace("shutdown_grace_s = 5.0", "shutdown_grace_s = 1.0"))
+    try:
+        with httpx2.Client(timeout=30) as c:
+            init = c.post(server.url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+                headers={"accept": "application/json, text/event-stream"})
+            sid = init.headers["mcp-session-id"]
+        result: dict = {}
+
+        def call() -> None:
+            with httpx2.Client(timeout=30) as c:
+                result["r"] = c.post(server.url, json={"jsonrpc": "2.0", "id": "legacy-stuck", "method": "tools/call",
+                                                       "params": {"name": "a_sleep", "arguments": {"seconds": 30}}},
+                                     headers={"accept": "application/json, text/event-stream", "mcp-session-id": sid,
+                                              "mcp-protocol-version": "2025-06-18"})
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)
+        thread.join(20)
+        r = result["r"]
+        assert r.status_code == 200, r.text
+        text = r.text
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            text = "".join(line[5:] for line in text.splitlines() if line.startswith("data:"))
+        body = json.loads(text)
+        assert body["id"] == "legacy-stuck" and body["result"]["isError"] is True
+        assert "shutting down" in body["result"]["content"][0]["text"]
+        assert server.proc.wait(timeout=15) == 0
+    finally:
+        stop_server(server)
