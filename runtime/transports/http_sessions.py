@@ -170,6 +170,8 @@ class SessionTable:
         self.max_per_principal = max_per_principal or max_sessions
         self.idle_s = idle_s
         self.per_principal: dict[str, int] = {}
+        #: Each principal's sessions: eviction looks at one principal's (at most its cap), not all.
+        self._by_principal: dict[str, dict[str, LegacySession]] = {}
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -189,6 +191,7 @@ class SessionTable:
         session = LegacySession(new_session_id(), principal, state, now)
         self.sessions[session.id] = session
         self.per_principal[name] = self.per_principal.get(name, 0) + 1
+        self._by_principal.setdefault(name, {})[session.id] = session
         return session
 
     @staticmethod
@@ -197,7 +200,7 @@ class SessionTable:
 
     def _evict_idle_of(self, name: str) -> bool:
         """Forget ``name``'s least recently used idle session; False if it has none."""
-        candidates = [s for s in self.sessions.values() if s.principal.name == name and self._idle(s)]
+        candidates = [s for s in self._by_principal.get(name, {}).values() if self._idle(s)]
         if not candidates:
             return False
         victim = min(candidates, key=lambda s: s.last_seen)
@@ -217,10 +220,13 @@ class SessionTable:
         if self.sessions.pop(session.id, None) is not None:
             name = session.principal.name
             left = self.per_principal.get(name, 1) - 1
+            own = self._by_principal.get(name, {})
+            own.pop(session.id, None)
             if left > 0:
                 self.per_principal[name] = left
             else:
                 self.per_principal.pop(name, None)
+                self._by_principal.pop(name, None)
         if session.stream is not None:
             session.stream.close()
 

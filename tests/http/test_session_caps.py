@@ -37,6 +37,7 @@ def test_a_full_table_evicts_the_biggest_holders_idle_sessions_not_the_newcomer(
         assert table.create(polite, ConnState(), now=20 + t) is not None
     assert len(table) == 10
     assert table.per_principal == {"flood": 7, "polite": 3}
+    assert {n: len(v) for n, v in table._by_principal.items()} == table.per_principal  # the index stays exact
     assert sum(1 for s in table.sessions.values() if s.principal.name == "polite") == 3
 
 
