@@ -235,7 +235,8 @@ async def _pool_run(plugin_dir: str, state_dir: str, policy: str, mode: str, con
     import trio
 
     from runtime.manifest import Manifest
-    from runtime.workers import PoolSpec, WorkerPool
+    from runtime.processes import PoolSpec
+    from runtime.workers import WorkerPool
 
     manifest = Manifest(name="bench", version="0", entry="bench_plugin", isolation=mode)
     lat: list[float] = []

@@ -22,10 +22,11 @@ from runtime.plugins import Plugin, discover, load_plugin, resolve_conflicts
 from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.core import Core, ToolCall
 from runtime.registry import Catalog
-from runtime.reload import fingerprint, stat_signature
+from runtime.fingerprints import fingerprint, stat_signature
 from runtime.spares import Spares
 from runtime.spares import installed as spares_installed
-from runtime.workers import PoolBusy, WorkerFailure, become_subreaper, serve_reaper, sweep_stale_scratch
+from runtime.processes import become_subreaper, serve_reaper, sweep_stale_scratch
+from runtime.workers import PoolBusy, WorkerFailure
 from sandbox import wire
 
 CallHook = Callable[[dict[str, Any]], None]

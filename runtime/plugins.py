@@ -18,7 +18,8 @@ from runtime.logs import log
 from runtime.manifest import MANIFEST_NAME, Manifest, ManifestError, load_manifest
 from runtime.registry import ToolEntry
 from runtime.schemas import check_tool
-from runtime.workers import PluginLoadError, PoolSpec, WorkerPool
+from runtime.processes import PoolSpec
+from runtime.workers import PluginLoadError, WorkerPool
 
 
 @dataclass(eq=False)

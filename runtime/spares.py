@@ -35,7 +35,7 @@ from contextlib import contextmanager
 import trio
 
 from runtime.logs import log
-from runtime.workers import LIVE_WORKER_TOKENS, SPAWNED, WORKER_MARKER, PoolSpec, kill_tree, spawn_process
+from runtime.processes import LIVE_WORKER_TOKENS, SPAWNED, WORKER_MARKER, PoolSpec, kill_tree, spawn_process
 
 #: Start the next spare at the latest this long after one was taken (``restock`` usually comes first).
 RESTOCK_AFTER_S = 5.0

@@ -14,7 +14,7 @@ import msgspec
 from runtime.manifest import Manifest, load_manifest
 from sandbox import api
 from sandbox.wire import Call, Log, Progress, Result, encode_frame
-from sandbox.worker import run_call
+from sandbox.calls import run_call
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_DIRS: dict[str, Path] = {

@@ -16,7 +16,7 @@ import trio
 from reload_harness import WAIT_S, write_plugin
 
 import runtime.daemon
-import runtime.reload
+import runtime.fingerprints
 from runtime.config import Config
 from runtime.daemon import open_daemon
 from runtime.workers import WorkerPool
@@ -31,7 +31,7 @@ async def test_changing_one_plugin_of_200_starts_one_worker_and_leaves_the_other
         write_plugin(plugins, f"p{i:03d}", {f"t{i:03d}": f"v1 of {i}"})
     # The files were written a moment ago: with the default rule they would be "racily clean" and
     # compared by content. This test is about what happens once they are not.
-    monkeypatch.setattr(runtime.reload, "RACY_NS", 0)
+    monkeypatch.setattr(runtime.fingerprints, "RACY_NS", 0)
     started: list[str] = []
     original_start = WorkerPool.start_worker
 
@@ -41,7 +41,7 @@ async def test_changing_one_plugin_of_200_starts_one_worker_and_leaves_the_other
 
     monkeypatch.setattr(WorkerPool, "start_worker", counting_start)
     read: list[str] = []
-    original_fingerprint = runtime.reload.fingerprint
+    original_fingerprint = runtime.fingerprints.fingerprint
 
     def counting_fingerprint(path: Path) -> str:
         read.append(path.name)

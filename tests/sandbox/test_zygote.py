@@ -19,7 +19,8 @@ import trio.lowlevel
 from sandbox_harness import Worker, text_of, write_plugin
 
 from runtime.manifest import Manifest
-from runtime.workers import PoolSpec, WorkerFailure, WorkerPool
+from runtime.processes import PoolSpec
+from runtime.workers import WorkerFailure, WorkerPool
 from sandbox import zygote
 from sandbox.wire import CancelCall, Limits, encode_frame
 

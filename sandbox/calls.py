@@ -1,0 +1,100 @@
+"""Running one call inside the worker: arguments converted for the tool, the tool run, its value
+turned into a ``Result`` frame. Shared by the pooled worker (``sandbox.worker``) and the per-call
+processes (``sandbox.zygote``). Never imports trio.
+"""
+
+from __future__ import annotations
+
+import errno
+import inspect
+import traceback
+from typing import Any
+
+import msgspec
+
+from sandbox import api
+from sandbox.wire import Call, Result, encode_frame
+
+_json = msgspec.json.Encoder()
+
+
+_CONTENT_TYPES = frozenset({"text", "image", "audio", "resource_link", "resource"})
+
+
+def _is_content(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("type") in _CONTENT_TYPES
+
+
+def _to_content(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"type": "text", "text": value}]
+    if _is_content(value):
+        return [value]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) or _is_content(v) for v in value):
+        return [v if isinstance(v, dict) else {"type": "text", "text": v} for v in value]
+    return [{"type": "text", "text": _json.encode(value).decode()}]
+
+
+def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any) -> Result:
+    """Run one call and build its result. Never raises."""
+    tdef = tools.get(call.tool)
+    if tdef is None:
+        return Result(call.id, [{"type": "text", "text": f"Unknown tool: {call.tool}"}], is_error=True)
+    api._set_current(api.CallContext(call.id, send, call.progress, call.log_level))
+    try:
+        if tdef.args_type is not None:
+            try:
+                args = msgspec.convert(call.arguments, tdef.args_type, strict=False)
+            except msgspec.ValidationError as exc:
+                return Result(call.id, [{"type": "text", "text": f"Invalid arguments: {exc}"}], is_error=True)
+            kwargs = {f: getattr(args, f) for f in args.__struct_fields__}
+        else:
+            kwargs = dict(call.arguments)
+            try:
+                inspect.signature(tdef.fn).bind(**kwargs)
+            except TypeError as exc:
+                return Result(call.id, [{"type": "text", "text": f"Invalid arguments: {exc}"}], is_error=True)
+        value = tdef.fn(**kwargs)
+        if tdef.is_async:
+            import asyncio  # imported by main() when the plugin has an async tool
+
+            value = asyncio.run(value)
+        if isinstance(value, api.ToolResult):
+            structured = msgspec.to_builtins(value.structured) if value.has_structured else None
+            return Result(call.id, _to_content(value.content), structured, value.has_structured, value.is_error)
+        if tdef.structured:
+            structured = msgspec.to_builtins(value)
+            if tdef.wrap_result:
+                structured = {"result": structured}
+            return Result(call.id, [{"type": "text", "text": _json.encode(structured).decode()}], structured, True)
+        return Result(call.id, _to_content(value))
+    except api.ToolError as exc:
+        return Result(call.id, [{"type": "text", "text": str(exc) or type(exc).__name__}], is_error=True)
+    except Exception as exc:  # the plugin's fault: report the message, keep the traceback for the log
+        message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if _out_of_processes(exc):
+            message = (f"{message} (a process or thread could not be started: the tool is at its limit of "
+                       "processes and threads, limits.max_processes)")
+        return Result(
+            call.id, [{"type": "text", "text": message}], is_error=True, traceback=traceback.format_exc(limit=20)
+        )
+    finally:
+        api._set_current(None)
+
+
+def _out_of_processes(exc: BaseException) -> bool:
+    """A thread start or (most likely) a fork refused at the worker's process limit (pids.max, NPROC)."""
+    if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
+        return True
+    return type(exc) is BlockingIOError and exc.errno == errno.EAGAIN and exc.filename is None
+
+
+def encode_result(result: Result) -> bytes:
+    """Encode a Result frame; one msgpack cannot carry (an integer beyond 64 bits, ...) becomes an error."""
+    try:
+        return encode_frame(result)
+    except (OverflowError, TypeError, ValueError) as exc:
+        text = f"The tool's result could not be encoded: {type(exc).__name__}: {exc}"
+        return encode_frame(Result(result.id, [{"type": "text", "text": text}], is_error=True))
