@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.http_config import HttpConfig, RateLimit
-from runtime.registry import Catalog, ToolEntry
+from runtime.protocol.catalog import Catalog, ToolEntry
 
 
 def hash_token(token: str) -> str:

@@ -21,7 +21,7 @@ from runtime.logs import log
 from runtime.plugins import Plugin, discover, load_plugin, resolve_conflicts
 from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.core import Core, ToolCall
-from runtime.registry import Catalog
+from runtime.protocol.catalog import Catalog
 from runtime.fingerprints import fingerprint, stat_signature
 from runtime.spares import Spares
 from runtime.spares import installed as spares_installed

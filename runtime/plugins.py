@@ -16,8 +16,8 @@ import trio
 
 from runtime.logs import log
 from runtime.manifest import MANIFEST_NAME, Manifest, ManifestError, load_manifest
-from runtime.registry import ToolEntry
-from runtime.schemas import check_tool
+from runtime.protocol.catalog import ToolEntry
+from runtime.protocol.schemas import check_tool
 from runtime.processes import PoolSpec
 from runtime.workers import PluginLoadError, WorkerPool
 

@@ -103,7 +103,7 @@ def check_log(msg: wire.Log) -> None:
 
 
 def check_ready(msg: wire.Ready) -> None:
-    """The free-form parts of tool definitions (schemas are checked again by ``runtime.schemas``)."""
+    """The free-form parts of tool definitions (schemas are checked again by ``runtime.protocol.schemas``)."""
     for spec in msg.tools:
         for name in ("input_schema", "output_schema", "annotations", "icons", "meta"):
             check_value(getattr(spec, name), f"tool {spec.name[:64]!r}'s {name}")

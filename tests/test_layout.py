@@ -79,3 +79,58 @@ def test_bundled_plugins_import_only_the_authoring_api_never_trio_or_the_daemon(
     for path in sources("plugins", plugin):
         imported = top_level(imported_modules(path))
         assert not imported & {"trio", "runtime", "anyio"}, (path, imported)
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def test_the_protocol_package_is_closed_it_imports_nothing_else_of_the_daemon() -> None:
+    """Sans-io and self-contained: ``runtime.protocol`` may use only itself, the shared ``sandbox.wire``
+    vocabulary and ``runtime``'s version string, so it can be read and tested on its own."""
+    files = sources("runtime", "protocol")
+    for path in files:
+        for module in imported_modules(path):
+            if module == "runtime" or module.startswith("runtime.") and not module.startswith("runtime.protocol"):
+                assert module == "runtime", (path, module)
+    assert "import" not in (REPO / "runtime" / "__init__.py").read_text(encoding="utf-8")
+
+
+def test_no_module_of_the_daemon_or_the_worker_side_imports_in_a_circle() -> None:
+    """Module-level imports between ``runtime`` and ``sandbox`` modules form no cycle (a function-level
+    import would hide one from Python's own import order, so those count too)."""
+    files = sources("runtime") + sources("sandbox")
+    names = {_module_name(p): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        targets: set[str] = set()
+        for module in imported_modules(path):
+            if module in names:
+                targets.add(module)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):  # ``from runtime import spares`` names a module, not an attribute
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in names)
+        targets.discard(name)
+        graph[name] = {t for t in targets if not name.startswith(t + ".")}  # a package's own __init__
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)

@@ -24,9 +24,9 @@ from runtime import __version__
 from runtime.protocol import eras
 from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.jsonrpc import ProtocolError
-from runtime.registry import Catalog, CursorError, ToolEntry
-from runtime.results import PluginOutputError, check_structured, encoded_size, sanitize_content
-from runtime.schemas import describe_validation_error
+from runtime.protocol.catalog import Catalog, CursorError, ToolEntry
+from runtime.protocol.results import PluginOutputError, check_structured, encoded_size, sanitize_content
+from runtime.protocol.schemas import describe_validation_error
 from sandbox import wire
 
 _enc = msgspec.json.Encoder()

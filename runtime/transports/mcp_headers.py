@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from runtime.protocol import eras
-from runtime.registry import ToolEntry
+from runtime.protocol.catalog import ToolEntry
 
 _INT = re.compile(r"-?[0-9]{1,20}")
 _NAME_FIELDS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",

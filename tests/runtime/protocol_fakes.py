@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from runtime.protocol.core import Batch, Cancel, ConnState, Core, Listen, Reply, ToolCall
-from runtime.registry import Catalog, ToolEntry
-from runtime.schemas import check_tool
+from runtime.protocol.catalog import Catalog, ToolEntry
+from runtime.protocol.schemas import check_tool
 from sandbox.wire import ToolSpec
 
 MODERN = "2026-07-28"

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 import msgspec
 
 from runtime.protocol import eras
-from runtime.schemas import CheckedTool
+from runtime.protocol.schemas import CheckedTool
 
 _encoder = msgspec.json.Encoder()
 DEFAULT_PAGE_SIZE = 100

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from runtime.schemas import describe_validation_error
+from runtime.protocol.schemas import describe_validation_error
 
 _encoder = msgspec.json.Encoder()
 
