@@ -156,10 +156,10 @@ async def serve_metrics(metrics: Metrics, listen: tuple[str, int], shutdown: tri
     import hypercorn.trio
 
     from runtime.http_config import HttpConfig
-    from runtime.transports.http import _tcp_socket, _url, hypercorn_config
+    from runtime.transports.listeners import tcp_socket, endpoint_url, hypercorn_config
 
-    sock = _tcp_socket(listen[0], listen[1], 30.0)
-    url = _url(sock, "/metrics")
+    sock = tcp_socket(listen[0], listen[1], 30.0)
+    url = endpoint_url(sock, "/metrics")
     cfg = HttpConfig(shutdown_grace_s=1.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(lambda task_status: hypercorn.trio.serve(

@@ -73,7 +73,7 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
     listen = parse_listen(http if http else (hcfg.listen or "")) if http is not None else None
     unix = unix or (hcfg.unix if http is not None else None)
     if listen is not None:
-        from runtime.transports.http import check_exposure
+        from runtime.transports.listeners import check_exposure
 
         check_exposure(hcfg, listen)
         ensure_bindable(listen)
@@ -103,7 +103,7 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
                 outer.start_soon(serve_reloaders, daemon)
                 async with trio.open_nursery() as servers:
                     if listen is not None or unix:
-                        from runtime.transports.http import serve_http
+                        from runtime.transports.listeners import serve_http
 
                         urls = await servers.start(partial(
                             serve_http, daemon, hcfg, listen=listen, unix=unix, shutdown=shutdown, audit=audit,

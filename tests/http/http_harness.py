@@ -237,7 +237,7 @@ async def open_http(plugins: Path, state_dir: Path, **http: Any) -> AsyncIterato
     from runtime.config import Config
     from runtime.daemon import open_daemon
     from runtime.http_config import HttpConfig
-    from runtime.transports.http import serve_http
+    from runtime.transports.listeners import serve_http
 
     hcfg = HttpConfig(**http)
     cfg = Config(plugins=[str(plugins)], policy="none", min_workers=1, state_dir=str(state_dir), http=hcfg)
