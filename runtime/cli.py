@@ -189,6 +189,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 async def _call(cfg: Config, name: str, arguments: Any) -> tuple[int, Any]:
+    from runtime.connection import run_call
     from runtime.daemon import open_daemon
     from runtime.protocol.core import ConnState, Reply, ToolCall
 
@@ -205,7 +206,7 @@ async def _call(cfg: Config, name: str, arguments: Any) -> tuple[int, Any]:
             print(data.decode(), file=sys.stderr)
 
         if isinstance(action, ToolCall):
-            data = await daemon.execute(action, emit)
+            data = await run_call(daemon, action, emit=emit)
         else:
             assert isinstance(action, Reply) and action.data is not None
             data = action.data

@@ -1,8 +1,9 @@
 """The daemon: one catalog, one set of worker pools, shared by every transport and client.
 
 ``open_daemon(config)`` loads every plugin (concurrently), publishes the catalog and yields a
-``Daemon``; transports call ``Daemon.execute`` to run a ``ToolCall`` and subscribe to catalog
-changes with ``Daemon.subscribe``.
+``Daemon``: plugins, catalog, hot reload and lifecycle. Calls run through ``Daemon.calls``
+(``runtime.calls``); conversations with clients are ``runtime.connection``; both subscribe to
+catalog changes with ``Daemon.subscribe``.
 """
 
 from __future__ import annotations
@@ -19,17 +20,14 @@ import trio
 from runtime.config import Config
 from runtime.logs import log
 from runtime.plugins import Plugin, discover, load_plugin, resolve_conflicts
-from runtime.protocol import jsonrpc as rpc
-from runtime.protocol.core import Core, ToolCall
+from runtime.calls import CallDispatcher
+from runtime.protocol.core import Core
 from runtime.protocol.catalog import Catalog
 from runtime.fingerprints import fingerprint, stat_signature
 from runtime.spares import Spares
 from runtime.spares import installed as spares_installed
 from runtime.processes import become_subreaper, serve_reaper, sweep_stale_scratch
-from runtime.workers import PoolBusy, WorkerFailure
-from sandbox import wire
 
-CallHook = Callable[[dict[str, Any]], None]
 
 
 class Daemon:
@@ -52,10 +50,11 @@ class Daemon:
         self.catalog = Catalog(0, [], config.page_size)
         self.core = Core(lambda: self.catalog, list_ttl_ms=config.list_ttl_ms, instructions=config.instructions)
         self._subscribers: set[Callable[[], None]] = set()
-        self.call_hooks: list[CallHook] = []
-        self.inflight = 0
+        #: Every tool call goes through here (admission, pools, outcomes, audit and metrics hooks).
+        self.calls = CallDispatcher(config.max_inflight)
+        self.call_hooks = self.calls.hooks
+        self.stats = self.calls.stats
         self.ready = False
-        self.stats = {"calls": 0, "errors": 0, "busy": 0}
         #: The spare worker interpreter (``runtime.spares``), once serving.
         self.spares: Spares | None = None
 
@@ -208,133 +207,11 @@ class Daemon:
         self._subscribers.add(notify)
         return lambda: self._subscribers.discard(notify)
 
-    # -- calls ---------------------------------------------------------------------------------
+    # -- calls (``runtime.calls`` runs them) -------------------------------------------------------
 
-    def start(self, call: ToolCall, emit: Callable[[bytes], None], principal: str | None,
-              on_done: Callable[[ToolCall, bytes], None]) -> Any:
-        """Start ``call`` without a task of its own; ``on_done(call, response)`` runs once it has an
-        outcome (possibly before this returns). Returns a handle for ``cancel``, or None."""
-        entry = call.entry
-        pool = entry.runner
-        core = self.core
-        started = time.perf_counter()
-
-        def on_event(frame: Any) -> None:
-            data = core.progress_notification(call, frame) if type(frame) is wire.Progress else core.log_notification(call, frame)
-            if data is not None:
-                emit(data)
-
-        def done(slot: Any) -> None:
-            self.inflight -= 1
-            try:
-                data = self._finish(call, slot, principal, started)
-            except Exception as exc:  # our bug: answer -32603 rather than leave the call hanging
-                log("internal_error", level="error", tool=entry.name, error=f"{type(exc).__name__}: {exc}")
-                data = core.call_error(call, rpc.INTERNAL_ERROR, "Internal error")
-            on_done(call, data)
-
-        if self.inflight >= self.config.max_inflight:
-            self.stats["busy"] += 1
-            self._hook(call, principal, "busy", started)
-            on_done(call, core.call_error(call, rpc.SERVER_BUSY, "Server busy: too many calls in flight; retry later",
-                                          {"retryAfterMs": 100}))
-            return None
-        try:
-            slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None, call.log_level,
-                                 on_event, done)
-        except (OverflowError, TypeError, ValueError) as exc:
-            on_done(call, core.call_error(call, rpc.INVALID_PARAMS, f"Invalid params: arguments cannot be passed to a worker ({type(exc).__name__}: {str(exc)[:100]})"))
-            return None
-        try:
-            pool.submit(slot)
-        except PoolBusy as exc:
-            self.stats["busy"] += 1
-            self._hook(call, principal, "busy", started)
-            on_done(call, core.call_error(call, rpc.SERVER_BUSY, f"Server busy: {exc}", {"retryAfterMs": 100}))
-            return None
-        except WorkerFailure as exc:
-            on_done(call, core.call_failed(call, f"Tool {entry.name} failed: {exc.message}"))
-            return None
-        except Exception as exc:  # our bug: this call gets -32603, every other call keeps going
-            log("internal_error", level="error", tool=entry.name, error=f"{type(exc).__name__}: {exc}")
-            on_done(call, core.call_error(call, rpc.INTERNAL_ERROR, "Internal error"))
-            return None
-        self.inflight += 1
-        return slot
-
-    def cancel(self, call: ToolCall, handle: Any, principal: str | None = None) -> None:
-        """The client cancelled: nothing more is sent for ``call``; its worker is stopped."""
-        if handle is None or handle.finished:
-            return
-        self.inflight -= 1
-        self.stats["calls"] += 1
-        self._hook(call, principal, "cancelled", time.perf_counter())
-        call.entry.runner.withdraw(handle)
-
-    def _finish(self, call: ToolCall, slot: Any, principal: str | None, started: float) -> bytes:
-        entry = call.entry
-        core = self.core
-        self.stats["calls"] += 1
-        error = slot.error
-        if error is not None:
-            self.stats["errors"] += 1
-            self._hook(call, principal, error.kind, started)
-            log("call_failed", level="warning", tool=entry.name, plugin=entry.plugin, kind=error.kind, error=error.message)
-            if error.kind == "timeout":
-                return core.call_failed(call, f"Tool {entry.name} {error.message}")
-            return core.call_failed(call, f"Tool {entry.name} failed: {error.message}")
-        result = slot.result
-        data, bug = core.call_result(call, result, entry.runner.limits.max_output_bytes)
-        if bug is not None:
-            log("plugin_bug", level="error", tool=entry.name, plugin=entry.plugin, problem=bug)
-        if result.traceback:
-            log("tool_raised", level="warning", tool=entry.name, plugin=entry.plugin, traceback=result.traceback)
-        if self.call_hooks:
-            self._hook(call, principal, "tool_error" if result.is_error else "ok", started)
-        return data
-
-    async def execute(self, call: ToolCall, emit: Callable[[bytes], None], principal: str | None = None) -> bytes:
-        """Run ``call`` and wait for its response bytes. Honours cancellation (the worker is stopped)."""
-        box: list[bytes] = []
-        event = trio.Event()
-
-        def on_done(_call: ToolCall, data: bytes) -> None:
-            box.append(data)
-            event.set()
-
-        handle = self.start(call, emit, principal, on_done)
-        try:
-            await event.wait()
-        except trio.Cancelled:
-            self.cancel(call, handle, principal)
-            raise
-        return box[0]
-
-    def record_refusal(self, reply: Any, principal: str | None) -> None:
-        """A ``tools/call`` the protocol core answered without running it (unknown or out-of-scope
-        tool, invalid params or arguments): one audit/metrics event like every other call."""
-        if reply.refused is None or not self.call_hooks:
-            return
-        requested, outcome = reply.refused
-        entry = self.catalog.get(requested) if requested else None
-        # Metrics label by tool: a name the client made up never becomes a label of its own.
-        event = {"tool": entry.name if entry is not None else "(unknown)", "requested": requested,
-                 "plugin": entry.plugin if entry is not None else None, "principal": principal, "outcome": outcome,
-                 "duration_s": 0.0, "argument_keys": None, "argument_bytes": None}
-        for hook in self.call_hooks:
-            try:
-                hook(event)
-            except Exception as exc:  # a hook's failure never fails the request
-                log("internal_error", level="error", where="call hook", error=f"{type(exc).__name__}: {exc}")
-
-    def _hook(self, call: ToolCall, principal: str | None, outcome: str, started: float) -> None:
-        if not self.call_hooks:
-            return
-        event = {"tool": call.entry.name, "plugin": call.entry.plugin, "principal": principal, "outcome": outcome,
-                 "duration_s": time.perf_counter() - started, "argument_keys": len(call.arguments),
-                 "argument_bytes": len(rpc.encode(call.arguments))}
-        for hook in self.call_hooks:
-            hook(event)
+    @property
+    def inflight(self) -> int:
+        return self.calls.inflight
 
     def abort_calls(self, reason: str) -> None:
         """Fail every call in flight with ``reason`` (shutdown's grace is over): each client gets an

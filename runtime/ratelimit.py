@@ -8,9 +8,10 @@ exactly when to retry. Buckets are created lazily and the least recently used ar
 
 from __future__ import annotations
 
+
+
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Any
 
 from runtime.http_config import RateLimit
 
@@ -55,15 +56,3 @@ class RateLimiter:
 
     def __len__(self) -> int:
         return len(self._buckets)
-
-
-class RateLimited(Exception):
-    """A request exceeded a limit; ``retry_after_s`` says when the next one would be allowed."""
-
-    def __init__(self, what: str, retry_after_s: float) -> None:
-        self.what = what
-        self.retry_after_s = retry_after_s
-        super().__init__(f"Rate limit exceeded for {what}; retry in {retry_after_s:.2f} s")
-
-    def data(self) -> dict[str, Any]:
-        return {"retryAfterMs": max(1, int(self.retry_after_s * 1000 + 0.999)), "limit": self.what}

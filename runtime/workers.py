@@ -33,7 +33,7 @@ import shutil
 import signal
 import socket
 import tempfile
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import msgspec
 import trio
@@ -41,6 +41,7 @@ import trio
 from runtime import egress
 from runtime.egress_rules import Grant
 from runtime.logs import log
+from runtime.protocol.errors import LIMIT_KINDS, PoolBusy, WorkerFailure
 from runtime import spares, worker_frames
 from runtime.worker_frames import FrameRejected
 from sandbox.isolation import cgroups
@@ -61,26 +62,6 @@ _MAX_LOGGED_OUTPUT = 256 * 1024
 START_TIMEOUT_S = 20.0
 #: Most queued calls handed to a worker in one write.
 BATCH_MAX = 32
-
-
-#: How a call can fail because of its worker (``WorkerFailure.kind``; metrics and logs use these names).
-FailureKind = Literal["timeout", "cpu", "memory", "processes", "output_cap", "crashed", "garbage", "cancelled",
-                      "unavailable"]
-#: The kinds that are a limit firing (``toolcell_limit_kills_total``).
-LIMIT_KINDS = frozenset({"timeout", "cpu", "memory", "processes", "output_cap"})
-
-
-class WorkerFailure(Exception):
-    """A call failed because of its worker; ``kind`` says how (for the client and for metrics)."""
-
-    def __init__(self, kind: FailureKind, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
-class PoolBusy(Exception):
-    """Every worker is busy and the wait queue is full."""
 
 
 class PluginLoadError(Exception):

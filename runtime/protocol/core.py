@@ -15,21 +15,37 @@ How this works:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import Any, Callable, assert_never
 
 import msgspec
 
 from runtime import __version__
 from runtime.protocol import eras
 from runtime.protocol import jsonrpc as rpc
-from runtime.protocol.jsonrpc import ProtocolError
+from runtime.protocol.errors import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    InvalidParams,
+    InvalidRequest,
+    McpError,
+    MethodNotFound,
+    UnsupportedProtocolVersion,
+    WorkerFailure,
+    call_failure_text,
+)
 from runtime.protocol.catalog import Catalog, CursorError, ToolEntry
-from runtime.protocol.results import PluginOutputError, check_structured, encoded_size, sanitize_content
+from runtime.protocol.errors import PluginOutputError
+from runtime.protocol.results import check_structured, encoded_size, sanitize_content
 from runtime.protocol.schemas import describe_validation_error
 from sandbox import wire
 
 _enc = msgspec.json.Encoder()
+
+
+class _Params(msgspec.Struct):
+    meta: Any = msgspec.field(default=None, name="_meta")
 
 
 class CallParams(msgspec.Struct):
@@ -38,19 +54,46 @@ class CallParams(msgspec.Struct):
     meta: Any = msgspec.field(default=None, name="_meta")
 
 
-class GenericParams(msgspec.Struct):
-    meta: Any = msgspec.field(default=None, name="_meta")
-    cursor: Any = None
+class InitializeParams(_Params):
     protocolVersion: Any = None
     capabilities: Any = None
     clientInfo: Any = None
+
+
+class ListParams(_Params):
+    cursor: Any = None
+
+
+class SetLevelParams(_Params):
     level: Any = None
+
+
+class CancelledParams(_Params):
     requestId: Any = msgspec.UNSET
+
+
+class ListenParams(_Params):
     notifications: Any = None
 
 
-_call_params = msgspec.json.Decoder(CallParams)
-_generic_params = msgspec.json.Decoder(GenericParams)
+class OtherParams(_Params):
+    """A method toolcell does not serve: only what the HTTP headers mirror is read."""
+
+    name: Any = None
+    uri: Any = None
+    taskId: Any = None
+
+
+#: Each method's params, decoded once (field types stay ``Any`` where the core words its own message).
+_PARAMS: dict[str, msgspec.json.Decoder[Any]] = {
+    "tools/call": msgspec.json.Decoder(CallParams),
+    "initialize": msgspec.json.Decoder(InitializeParams),
+    "tools/list": msgspec.json.Decoder(ListParams),
+    "logging/setLevel": msgspec.json.Decoder(SetLevelParams),
+    "notifications/cancelled": msgspec.json.Decoder(CancelledParams),
+    "subscriptions/listen": msgspec.json.Decoder(ListenParams),
+}
+_other_params: msgspec.json.Decoder[Any] = msgspec.json.Decoder(OtherParams)
 
 
 @dataclass
@@ -65,10 +108,28 @@ class ConnState:
     client_capabilities: Any = None
 
 
-# -- actions -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One message read once: its params decoded for its method and its era chosen (``Core.parse``).
+    ``problem`` is the answer when it cannot be run at all (then the other fields may be empty)."""
+
+    env: rpc.Envelope
+    method: str
+    is_request: bool
+    params: Any = None
+    meta: dict[str, Any] | None = None
+    modern: bool = False
+    problem: Reply | None = None
+
+    def mirrored(self, field_name: str) -> Any:
+        """A params field the 2026-07-28 headers mirror (``name``, ``uri``, ``taskId``), or None."""
+        return getattr(self.params, field_name, None)
 
 
-@dataclass
+# -- actions: what the core asks the connection to do ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
 class Reply:
     data: bytes | None  # None: a notification was accepted, nothing to send
     error_code: int | None = None
@@ -88,8 +149,8 @@ def requested_tool(raw_params: msgspec.Raw) -> str:
 
 
 def _refusal(error_code: int | None) -> str:
-    return {rpc.INVALID_PARAMS: "invalid_params", rpc.METHOD_NOT_FOUND: "invalid_request",
-            rpc.INVALID_REQUEST: "invalid_request"}.get(error_code or 0, "refused")
+    return {INVALID_PARAMS: "invalid_params", METHOD_NOT_FOUND: "invalid_request",
+            INVALID_REQUEST: "invalid_request"}.get(error_code or 0, "refused")
 
 
 class _NameOnly(msgspec.Struct):
@@ -99,7 +160,7 @@ class _NameOnly(msgspec.Struct):
 _name_only = msgspec.json.Decoder(_NameOnly)
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class ToolCall:
     id_bytes: bytes
     request_id: Any
@@ -111,12 +172,12 @@ class ToolCall:
     modern: bool
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Cancel:
     request_id: Any
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Listen:
     id_bytes: bytes
     request_id: Any
@@ -124,9 +185,47 @@ class Listen:
     version: str
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Batch:
-    actions: list[Any] = field(default_factory=list)
+    actions: tuple[Action, ...]
+
+
+#: Everything ``Core.handle`` can return; a connection dispatches it with ``match``.
+Action = Reply | ToolCall | Cancel | Listen | Batch
+
+
+# -- outcomes: how a call ended (``runtime.calls``), turned into bytes by ``Core.answer`` -------------
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """The worker returned a result (the tool may still have reported ``isError``)."""
+
+    result: wire.Result
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The worker could not finish the call: a limit fired, it crashed, it sent garbage."""
+
+    failure: WorkerFailure
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The call never ran: busy, arguments a worker cannot take, our bug."""
+
+    error: McpError
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """Shutdown's grace ended while the call ran."""
+
+    reason: str
+
+
+Outcome = Completed | Failed | Refused | Stopped
 
 
 def _clip(value: Any, limit: int = 80) -> str:
@@ -138,7 +237,7 @@ def _clip(value: Any, limit: int = 80) -> str:
 
 def _level_index(level: Any) -> int:
     if not isinstance(level, str) or level not in wire.LOG_LEVELS:
-        raise ProtocolError(rpc.INVALID_PARAMS, f"Invalid log level {_clip(level, 40)}; use one of: {', '.join(wire.LOG_LEVELS)}")
+        raise InvalidParams(f"Invalid log level {_clip(level, 40)}; use one of: {', '.join(wire.LOG_LEVELS)}")
     return wire.LOG_LEVELS.index(level)
 
 
@@ -160,51 +259,85 @@ class Core:
 
     # -- entry points --------------------------------------------------------------------------
 
-    def receive(self, state: ConnState, data: bytes | memoryview, catalog: Catalog | None = None) -> Any:
-        """Handle one received message (or batch). Returns one action or a ``Batch``."""
+    def receive(self, state: ConnState, data: bytes | memoryview, catalog: Catalog | None = None) -> Action:
+        """Handle one received message (or batch): decode, parse, run. Returns one action or a ``Batch``."""
         try:
             env = rpc.decode_envelope(data)
-        except ProtocolError as exc:
+        except McpError as exc:
             return self._error(state, None, exc, modern=False)
+        return self.handle_decoded(state, env, catalog)
+
+    def handle_decoded(self, state: ConnState, env: rpc.Envelope | list[msgspec.Raw],
+                       catalog: Catalog | None = None) -> Action:
         if isinstance(env, list):
             return self._batch(state, env, catalog)
-        return self.handle(state, env, catalog)
+        return self.run(state, self.parse(state, env), catalog)
 
-    def handle(self, state: ConnState, env: rpc.Envelope, catalog: Catalog | None = None) -> Any:
+    def handle(self, state: ConnState, env: rpc.Envelope, catalog: Catalog | None = None) -> Action:
         """Handle one decoded envelope."""
+        return self.run(state, self.parse(state, env), catalog)
+
+    def parse(self, state: ConnState, env: rpc.Envelope) -> Request:
+        """Read one envelope once: validate it, decode its params for its method, choose its era
+        (``server/discover``, or a protocol version in ``params._meta``: 2026-07-28; else legacy).
+        A transport may look at the result (the HTTP headers are checked against it) before ``run``."""
         method = env.method
         has_id = env.id is not msgspec.UNSET
         if method is msgspec.UNSET:
             if has_id and (env.result or env.error):
-                return Reply(None)  # a response from the client: we send no requests, so ignore it
-            return self._error(state, env.id if has_id and rpc.valid_id(env.id) else None,
-                               ProtocolError(rpc.INVALID_REQUEST, "Invalid Request: missing method"), modern=False)
+                return Request(env, "", False, problem=Reply(None))  # a response from the client: ignored
+            return Request(env, "", has_id, problem=self._error(state, env.id if has_id and rpc.valid_id(env.id) else None,
+                           InvalidRequest("Invalid Request: missing method"), modern=False))
         if env.jsonrpc != "2.0" or not isinstance(method, str):
             idv = env.id if has_id and rpc.valid_id(env.id) else None
-            return self._error(state, idv, ProtocolError(rpc.INVALID_REQUEST, "Invalid Request: jsonrpc must be \"2.0\" and method a string"), modern=False)
+            return Request(env, "", has_id, problem=self._error(
+                state, idv, InvalidRequest("Invalid Request: jsonrpc must be \"2.0\" and method a string"), modern=False))
         if not has_id:
-            return self._notification(state, method, env.params)
+            try:
+                params = self._decode(_PARAMS.get(method, _other_params), env.params, required=False)
+            except McpError:
+                params = None  # a malformed notification is ignored, never answered
+            meta = params.meta if params is not None and isinstance(params.meta, dict) else None
+            return Request(env, method, False, params, meta, meta is not None and eras.META_VERSION in meta)
         if not rpc.valid_id(env.id):
-            return self._error(state, None, ProtocolError(rpc.INVALID_REQUEST, "Invalid Request: id must be a string or an integer"), modern=False)
-        id_bytes = rpc.encode_id(env.id)
-        modern = False
+            return Request(env, method, True, problem=self._error(
+                state, None, InvalidRequest("Invalid Request: id must be a string or an integer"), modern=False))
         try:
-            if method == "tools/call":
-                params = self._decode(_call_params, env.params, required=True)
-            else:
-                params = self._decode(_generic_params, env.params, required=False)
+            params = self._decode(_PARAMS.get(method, _other_params), env.params, required=method == "tools/call")
             meta = params.meta if params is not None else None
             if meta is not None and not isinstance(meta, dict):
-                raise ProtocolError(rpc.INVALID_PARAMS, "Invalid params: _meta must be an object")
-            modern = method == "server/discover" or (meta is not None and eras.META_VERSION in meta)
-            if modern:
-                action = self._modern(state, env, id_bytes, method, params, meta, catalog)
+                raise InvalidParams("Invalid params: _meta must be an object")
+        except McpError as exc:
+            reply = self._error(state, env.id, exc, modern=False)
+            if method == "tools/call":
+                reply = replace(reply, refused=(requested_tool(env.params), _refusal(reply.error_code)))
+            return Request(env, method, True, problem=reply)
+        modern = method == "server/discover" or (meta is not None and eras.META_VERSION in meta)
+        return Request(env, method, True, params, meta, modern)
+
+    def run(self, state: ConnState, req: Request, catalog: Catalog | None = None) -> Action:
+        """Do what a parsed message asks (see ``parse``)."""
+        if req.problem is not None:
+            return req.problem
+        if not req.is_request:
+            return self._notification(state, req.method, req.params)
+        env = req.env
+        id_bytes = rpc.encode_id(env.id)
+        action: Action
+        try:
+            if req.modern:
+                action = self._modern(state, env, id_bytes, req.method, req.params, req.meta, catalog)
             else:
-                action = self._legacy(state, env, id_bytes, method, params, meta, catalog)
-        except ProtocolError as exc:
-            action = self._error(state, env.id, exc, modern=modern)
-        if method == "tools/call" and type(action) is Reply and action.refused is None:
-            action.refused = (requested_tool(env.params), _refusal(action.error_code))
+                action = self._legacy(state, env, id_bytes, req.method, req.params, req.meta, catalog)
+        except McpError as exc:
+            action = self._error(state, env.id, exc, modern=req.modern)
+        return self._refused_call(env, action)
+
+    @staticmethod
+    def _refused_call(env: rpc.Envelope, action: Action) -> Action:
+        """A ``tools/call`` answered without running carries what it asked for (the audit log's)."""
+        if env.method == "tools/call" and type(action) is Reply and action.refused is None:
+            return replace(action, refused=(requested_tool(env.params), _refusal(action.error_code)))
         return action
 
     # -- legacy era ----------------------------------------------------------------------------
@@ -217,8 +350,7 @@ class Core:
             return Reply(rpc.response(id_bytes, b"{}"))
         version = state.legacy_version
         if version is None:
-            raise ProtocolError(
-                rpc.INVALID_PARAMS,
+            raise InvalidParams(
                 "Not initialized: send initialize first, or use protocol 2026-07-28 by putting "
                 f"{eras.META_VERSION} and {eras.META_CLIENT_CAPS} in params._meta",
             )
@@ -235,13 +367,13 @@ class Core:
         if method == "logging/setLevel":
             state.log_level = _level_index(params.level if params is not None else None)
             return Reply(rpc.response(id_bytes, b"{}"))
-        raise ProtocolError(rpc.METHOD_NOT_FOUND, f"Method not found: {_clip(method)}")
+        raise MethodNotFound(f"Method not found: {_clip(method)}")
 
     def _initialize(self, state: ConnState, id_bytes: bytes, params: Any) -> Reply:
         if params is None or not isinstance(params.protocolVersion, str):
-            raise ProtocolError(rpc.INVALID_PARAMS, "Invalid params: initialize needs protocolVersion (a string)")
+            raise InvalidParams("Invalid params: initialize needs protocolVersion (a string)")
         if params.capabilities is not None and not isinstance(params.capabilities, dict):
-            raise ProtocolError(rpc.INVALID_PARAMS, "Invalid params: capabilities must be an object")
+            raise InvalidParams("Invalid params: capabilities must be an object")
         version = eras.negotiate_legacy(params.protocolVersion)
         state.legacy_version = version
         state.client_info = params.clientInfo
@@ -263,19 +395,18 @@ class Core:
     def _modern(self, state: ConnState, env: rpc.Envelope, id_bytes: bytes, method: str, params: Any,
                 meta: Any, catalog: Catalog | None) -> Any:
         if meta is None:
-            raise ProtocolError(rpc.INVALID_PARAMS, f"Invalid params: params._meta with {eras.META_VERSION} and {eras.META_CLIENT_CAPS} is required")
+            raise InvalidParams(f"Invalid params: params._meta with {eras.META_VERSION} and {eras.META_CLIENT_CAPS} is required")
         version = meta.get(eras.META_VERSION)
         if not isinstance(version, str):
-            raise ProtocolError(rpc.INVALID_PARAMS, f"Invalid params: _meta[{eras.META_VERSION!r}] is required")
+            raise InvalidParams(f"Invalid params: _meta[{eras.META_VERSION!r}] is required")
         if version not in eras.MODERN_VERSIONS:
-            raise ProtocolError(
-                rpc.UNSUPPORTED_PROTOCOL_VERSION,
+            raise UnsupportedProtocolVersion(
                 f"Unsupported protocol version: {version}",
                 data={"supported": list(reversed(eras.ALL_VERSIONS)), "requested": version},
             )
         caps = meta.get(eras.META_CLIENT_CAPS)
         if not isinstance(caps, dict):
-            raise ProtocolError(rpc.INVALID_PARAMS, f"Invalid params: _meta[{eras.META_CLIENT_CAPS!r}] must be an object")
+            raise InvalidParams(f"Invalid params: _meta[{eras.META_CLIENT_CAPS!r}] must be an object")
         if method == "server/discover":
             body = _enc.encode({
                 "supportedVersions": list(reversed(eras.ALL_VERSIONS)),
@@ -301,10 +432,10 @@ class Core:
         if method == "subscriptions/listen":
             notes = params.notifications
             if notes is not None and not isinstance(notes, dict):
-                raise ProtocolError(rpc.INVALID_PARAMS, "Invalid params: notifications must be an object")
+                raise InvalidParams("Invalid params: notifications must be an object")
             wanted = bool((notes or {}).get("toolsListChanged"))
             return Listen(id_bytes, env.id, wanted, version)
-        raise ProtocolError(rpc.METHOD_NOT_FOUND, f"Method not found: {_clip(method)}")
+        raise MethodNotFound(f"Method not found: {_clip(method)}")
 
     def _wrap_modern(self, body: bytes) -> bytes:
         """Add ``resultType`` and the serverInfo ``_meta`` to a result object's JSON."""
@@ -330,24 +461,24 @@ class Core:
         try:
             return cat.page(version, cursor)
         except CursorError as exc:
-            raise ProtocolError(rpc.INVALID_PARAMS, f"Invalid params: {exc}") from None
+            raise InvalidParams(f"Invalid params: {exc}") from None
 
     def _tool_call(self, env: rpc.Envelope, id_bytes: bytes, params: CallParams, version: str, meta: Any,
                    catalog: Catalog | None, modern: bool, log_level: int) -> Any:
         cat = catalog or self._catalog()
         entry = cat.get(params.name) if isinstance(params.name, str) else None
         if entry is None:
-            raise ProtocolError(rpc.INVALID_PARAMS, f"Unknown tool: {_clip(params.name)}")
+            raise InvalidParams(f"Unknown tool: {_clip(params.name)}")
         args = params.arguments
         if args is None:
             args = {}
         elif not isinstance(args, dict):
-            raise ProtocolError(rpc.INVALID_PARAMS, "Invalid params: arguments must be an object")
+            raise InvalidParams("Invalid params: arguments must be an object")
         token = None
         if meta is not None:
             token = meta.get("progressToken")
             if token is not None and not rpc.valid_id(token):
-                raise ProtocolError(rpc.INVALID_PARAMS, "Invalid params: progressToken must be a string or an integer")
+                raise InvalidParams("Invalid params: progressToken must be a string or an integer")
         call = ToolCall(id_bytes, env.id, entry, args, version, token, log_level, modern)
         try:
             problem = describe_validation_error(entry.checked.validator, args)
@@ -358,50 +489,46 @@ class Core:
             if eras.validation_error_as_result(version):
                 return Reply(self._result_bytes(call, [{"type": "text", "text": message}], None, True), modern=modern,
                              refused=(entry.name, "invalid_arguments"))
-            raise ProtocolError(rpc.INVALID_PARAMS, message)
+            raise InvalidParams(message)
         return call
 
-    def _notification(self, state: ConnState, method: str, raw_params: msgspec.Raw) -> Any:
+    def _notification(self, state: ConnState, method: str, params: Any) -> Action:
         if method == "notifications/initialized":
             state.initialized = True
         elif method == "notifications/cancelled":
-            try:
-                params = self._decode(_generic_params, raw_params, required=True)
-            except ProtocolError:
-                return Reply(None)  # malformed cancellations are ignored, never answered
-            if params is not None and rpc.valid_id(params.requestId):
+            if isinstance(params, CancelledParams) and rpc.valid_id(params.requestId):
                 return Cancel(params.requestId)
         return Reply(None)
 
-    def _batch(self, state: ConnState, items: list[Any], catalog: Catalog | None) -> Any:
+    def _batch(self, state: ConnState, items: list[msgspec.Raw], catalog: Catalog | None) -> Action:
         version = state.legacy_version
         if not items:
-            return self._error(state, None, ProtocolError(rpc.INVALID_REQUEST, "Invalid Request: empty batch"), modern=False)
+            return self._error(state, None, InvalidRequest("Invalid Request: empty batch"), modern=False)
         if version is None or not eras.supports_batches(version):
             why = f"protocol {version}" if version else "this connection (not initialized for 2025-03-26)"
-            return self._error(state, None, ProtocolError(rpc.INVALID_REQUEST, f"Invalid Request: JSON-RPC batches are not supported in {why}"), modern=False)
-        batch = Batch()
+            return self._error(state, None, InvalidRequest(f"Invalid Request: JSON-RPC batches are not supported in {why}"), modern=False)
+        actions: list[Action] = []
         for item in items:
             try:
-                env = rpc.envelope_from_obj(item)
-            except ProtocolError as exc:
-                batch.actions.append(self._error(state, None, exc, modern=False))
+                env = rpc.envelope_from_raw(item)
+            except McpError as exc:
+                actions.append(self._error(state, None, exc, modern=False))
                 continue
             if env.method == "initialize" and env.id is not msgspec.UNSET:
                 idv = env.id if rpc.valid_id(env.id) else None
-                batch.actions.append(self._error(state, idv, ProtocolError(rpc.INVALID_REQUEST, "Invalid Request: initialize must not be part of a batch"), modern=False))
+                actions.append(self._error(state, idv, InvalidRequest("Invalid Request: initialize must not be part of a batch"), modern=False))
                 continue
             action = self.handle(state, env, catalog)
             if type(action) is Listen:
                 # A stream-long subscription has no single answer a batch could carry.
-                action = self._error(state, action.request_id, ProtocolError(
-                    rpc.INVALID_REQUEST, "Invalid Request: subscriptions/listen must not be part of a batch"), modern=False)
-            batch.actions.append(action)
-        return batch
+                action = self._error(state, action.request_id, InvalidRequest(
+                    "Invalid Request: subscriptions/listen must not be part of a batch"), modern=False)
+            actions.append(action)
+        return Batch(tuple(actions))
 
     def too_large(self, state: ConnState, limit_bytes: int) -> bytes:
         """The answer to a message over the size limit (its id unread: ``null`` or none, by revision)."""
-        reply = self._error(state, None, ProtocolError(rpc.INVALID_REQUEST,
+        reply = self._error(state, None, InvalidRequest(
                                                        f"Message exceeds the {limit_bytes}-byte limit and was discarded"),
                             modern=False)
         assert reply.data is not None
@@ -411,16 +538,16 @@ class Core:
     def _decode(decoder: Any, raw: msgspec.Raw, required: bool) -> Any:
         if not raw:
             if required:
-                raise ProtocolError(rpc.INVALID_PARAMS, "Invalid params: params are required")
+                raise InvalidParams("Invalid params: params are required")
             return None
         try:
             return decoder.decode(raw)
         except msgspec.ValidationError as exc:
-            raise ProtocolError(rpc.INVALID_PARAMS, f"Invalid params: {exc}") from None
+            raise InvalidParams(f"Invalid params: {exc}") from None
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, ValueError):
-            raise ProtocolError(rpc.INVALID_PARAMS, "Invalid params: not decodable") from None
+            raise InvalidParams("Invalid params: not decodable") from None
 
-    def _error(self, state: ConnState, request_id: Any, exc: ProtocolError, modern: bool) -> Reply:
+    def _error(self, state: ConnState, request_id: Any, exc: McpError, modern: bool) -> Reply:
         if request_id is None:
             version = eras.V2026_07_28 if modern else state.legacy_version
             id_bytes = None if eras.omit_unknown_error_id(version) else b"null"
@@ -456,12 +583,26 @@ class Core:
             data = self._result_bytes(call, [{"type": "text", "text": f"Tool {call.entry.name} produced invalid output: {exc}"}], None, True)
         return data, bug
 
+    def answer(self, call: ToolCall, outcome: Outcome, max_output_bytes: int) -> tuple[bytes, str | None]:
+        """The response for a call's outcome, and a plugin-bug description for the log (or None)."""
+        match outcome:
+            case Completed(result):
+                return self.call_result(call, result, max_output_bytes)
+            case Failed(failure):
+                return self.call_failed(call, call_failure_text(call.entry.name, failure)), None
+            case Refused(error):
+                return self.call_error(call, error), None
+            case Stopped(reason):
+                return self.call_failed(call, f"Tool {call.entry.name} was stopped: {reason}"), None
+            case _:
+                assert_never(outcome)
+
     def call_failed(self, call: ToolCall, message: str) -> bytes:
         """An ``isError`` result for a call its worker could not finish (timeout, crash, ...)."""
         return self._result_bytes(call, [{"type": "text", "text": message}], None, True)
 
-    def call_error(self, call: ToolCall, code: int, message: str, data: Any = rpc.UNSET) -> bytes:
-        return rpc.error_response(call.id_bytes, code, message, data)
+    def call_error(self, call: ToolCall, error: McpError) -> bytes:
+        return rpc.error_reply(call.id_bytes, error)
 
     def _result_bytes(self, call: ToolCall, content: list[dict[str, Any]], structured: Any, is_error: bool) -> bytes:
         version = call.version

@@ -10,20 +10,7 @@ from typing import Any
 
 import msgspec
 
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-# MCP 2026-07-28
-HEADER_MISMATCH = -32020
-MISSING_CLIENT_CAPABILITY = -32021
-UNSUPPORTED_PROTOCOL_VERSION = -32022
-# Implementation-defined server errors live outside the spec's reserved -32000..-32099 band in the
-# modern era; "busy" is a transient condition the client may retry.
-SERVER_BUSY = -31001
-#: The server is shutting down: the request was not run (the client may retry elsewhere or later).
-SHUTTING_DOWN = -31002
+from runtime.protocol.errors import InvalidRequest, McpError, ParseError
 
 UNSET = msgspec.UNSET
 
@@ -40,50 +27,42 @@ class Envelope(msgspec.Struct, omit_defaults=True):
 
 
 _envelope_decoder = msgspec.json.Decoder(Envelope)
-_any_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 encode = _encoder.encode
 
 
-class ProtocolError(Exception):
-    """A JSON-RPC error to answer with (the client's fault, or ours for -32603)."""
-
-    def __init__(self, code: int, message: str, data: Any = UNSET) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.data = data
+_batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 
 
-def decode_envelope(data: bytes | memoryview) -> Envelope | list[Any]:
-    """Decode one message (or, for a batch, the list of raw elements).
+def decode_envelope(data: bytes | memoryview) -> Envelope | list[msgspec.Raw]:
+    """Decode one message, or for a batch the raw bytes of each element (decoded one by one with
+    ``envelope_from_raw``: a batch is read once, never re-encoded).
 
-    Raises ``ProtocolError(-32700)`` for bytes that are not JSON and ``-32600`` for JSON that is
+    Raises ``ParseError`` for bytes that are not JSON and ``InvalidRequest`` for JSON that is
     not an object or array.
     """
     try:
         return _envelope_decoder.decode(data)
     except msgspec.ValidationError:
-        pass  # valid JSON but not an object: maybe a batch
+        pass  # valid JSON but not an object: maybe a batch (msgspec stops at the first token)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolError(PARSE_ERROR, f"Parse error: {_short(exc)}") from None
+        raise ParseError(f"Parse error: {_short(exc)}") from None
     try:
-        value = _any_decoder.decode(data)
+        return _batch_decoder.decode(data)
+    except msgspec.ValidationError:
+        raise InvalidRequest("Invalid Request: a message must be a JSON object") from None
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolError(PARSE_ERROR, f"Parse error: {_short(exc)}") from None
-    if isinstance(value, list):
-        return value
-    raise ProtocolError(INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
+        raise ParseError(f"Parse error: {_short(exc)}") from None
 
 
-def envelope_from_obj(obj: Any) -> Envelope:
-    """Turn one already-decoded batch element into an Envelope."""
-    if not isinstance(obj, dict):
-        raise ProtocolError(INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
+def envelope_from_raw(raw: msgspec.Raw) -> Envelope:
+    """One element of a batch as an Envelope."""
     try:
-        return _envelope_decoder.decode(_encoder.encode(obj))
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-        raise ProtocolError(INVALID_REQUEST, f"Invalid Request: {_short(exc)}") from None
+        return _envelope_decoder.decode(raw)
+    except msgspec.ValidationError:
+        raise InvalidRequest("Invalid Request: a message must be a JSON object") from None
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidRequest(f"Invalid Request: {_short(exc)}") from None
 
 
 def valid_id(value: Any) -> bool:
@@ -108,6 +87,11 @@ def error_response(id_bytes: bytes | None, code: int, message: str, data: Any = 
     if id_bytes is None:
         return b'{"jsonrpc":"2.0","error":' + body + b"}"
     return b'{"jsonrpc":"2.0","id":' + id_bytes + b',"error":' + body + b"}"
+
+
+def error_reply(id_bytes: bytes | None, error: McpError) -> bytes:
+    """The error response for ``error`` (its code and message from the error table)."""
+    return error_response(id_bytes, error.code, error.message, error.data)
 
 
 def notification(method: str, params: Any) -> bytes:

@@ -14,13 +14,13 @@ from typing import Any
 
 import msgspec
 
+from runtime.protocol.errors import PluginOutputError
+
 from runtime.protocol.schemas import describe_validation_error
 
 _encoder = msgspec.json.Encoder()
 
 
-class PluginOutputError(Exception):
-    """The plugin produced output the protocol cannot carry."""
 
 
 def _check_b64(value: Any, where: str) -> str:

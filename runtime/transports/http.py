@@ -36,8 +36,22 @@ from runtime.http_config import HttpConfig
 from runtime.logs import log
 from runtime.protocol import eras
 from runtime.protocol import jsonrpc as rpc
-from runtime.protocol.core import Cancel, ConnState, Listen, Reply, ToolCall, requested_tool
-from runtime.ratelimit import RateLimited, RateLimiter
+from runtime.connection import Answered, Connection, Dispatched
+from runtime.protocol.core import Batch, ConnState, Listen, Reply, Request, ToolCall, requested_tool
+from runtime.protocol.errors import (
+    HeaderMismatch,
+    HttpRefusal,
+    InternalError,
+    InvalidParams,
+    McpError,
+    RateLimited,
+    ServerBusy,
+    SessionNotFound,
+    ShuttingDown,
+    http_status,
+    status_of_code,
+)
+from runtime.ratelimit import RateLimiter
 from runtime.transports import mcp_headers
 from runtime.transports.asgi import (
     BodyTooLarge,
@@ -53,19 +67,9 @@ from runtime.transports.asgi import (
 )
 from runtime.transports.http_sessions import CallBox, LegacySession, PushStream, SessionTable
 
-#: Implementation-defined JSON-RPC code for rate limiting (outside the spec's reserved bands).
-RATE_LIMITED = -31002
-#: What 2025 SDK servers answer for an unknown session (legacy, implementation-defined band).
-SESSION_NOT_FOUND = -32001
 #: How long a call is awaited before its client's disconnect is watched for too.
 QUICK_WAIT_S = 0.05
 
-_MODERN_STATUS = {
-    rpc.PARSE_ERROR: 400, rpc.INVALID_REQUEST: 400, rpc.INVALID_PARAMS: 400, rpc.HEADER_MISMATCH: 400,
-    rpc.MISSING_CLIENT_CAPABILITY: 400, rpc.UNSUPPORTED_PROTOCOL_VERSION: 400, rpc.METHOD_NOT_FOUND: 404,
-    rpc.INTERNAL_ERROR: 500, rpc.SERVER_BUSY: 503,
-}
-_LEGACY_STATUS = {rpc.PARSE_ERROR: 400, rpc.INVALID_REQUEST: 400}
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 _MODERN_HEADER_VALUES = frozenset(v.encode() for v in eras.MODERN_VERSIONS)
 _LEGACY_HEADER_VALUES = frozenset(v.encode() for v in eras.LEGACY_VERSIONS)
@@ -109,7 +113,6 @@ class HttpApp:
         self._quick: collections.deque[tuple[float, CallBox]] = collections.deque()
         self._quick_lot = trio.lowlevel.ParkingLot()
         self._quick_sweeper = False
-        self._unsubscribe = daemon.subscribe(self._on_catalog_change)
 
     # -- ASGI entry ----------------------------------------------------------------------------
 
@@ -122,7 +125,7 @@ class HttpApp:
             except Exception as exc:  # noqa: BLE001 - our bug: answer 500 if we still can, never kill the server
                 log("http_internal_error", level="error", error=f"{type(exc).__name__}: {exc}")
                 if not r.started:
-                    await r.body(500, rpc.error_response(None, rpc.INTERNAL_ERROR, "Internal error"))
+                    await r.body(500, rpc.error_reply(None, InternalError()))
             status = r.status or 499  # 499: the client went away before an answer (nginx's convention)
             self.status_counts[status] = self.status_counts.get(status, 0) + 1
         elif kind == "lifespan":
@@ -182,18 +185,27 @@ class HttpApp:
         await r.body(200 if ready else 503, body, headers=[(b"cache-control", b"no-store")])
 
     async def _plain_error(self, r: Responder, status: int, message: str, headers: Headers | None = None,
-                           id_bytes: bytes | None = None, code: int = rpc.INVALID_REQUEST, data: Any = rpc.UNSET) -> None:
-        await r.body(status, rpc.error_response(id_bytes, code, message, data), headers=headers)
+                           id_bytes: bytes | None = None) -> None:
+        """Refuse at the HTTP layer (before JSON-RPC is read): the status says why; the code is -32600."""
+        await self._refuse(r, HttpRefusal(status, message), id_bytes, headers)
+
+    async def _refuse(self, r: Responder, error: McpError, id_bytes: bytes | None = None,
+                      headers: Headers | None = None, modern: bool = True) -> None:
+        """Answer a POST with ``error`` alone; the status comes from the error table."""
+        if isinstance(error, RateLimited):
+            headers = [*(headers or []), (b"retry-after", str(max(1, math.ceil(error.retry_after_s))).encode())]
+        await r.body(http_status(error, modern), rpc.error_reply(id_bytes, error), headers=headers)
 
     # -- POST ----------------------------------------------------------------------------------
 
     async def _post(self, r: Responder, headers: RequestHeaders, principal: Principal, receive: Receive) -> None:
         cfg = self.cfg
         if self.shutting_down:
-            return await self._plain_error(r, 503, "Service Unavailable: shutting down", [(b"connection", b"close")])
+            return await self._refuse(r, ShuttingDown("Service Unavailable: shutting down"), None,
+                                      [(b"connection", b"close")])
         if self.active >= cfg.max_concurrent_requests:
-            return await self._plain_error(r, 503, "Service Unavailable: too many requests in progress; retry later",
-                                           [(b"retry-after", b"1")], code=rpc.SERVER_BUSY)
+            return await self._refuse(r, ServerBusy("Service Unavailable: too many requests in progress; retry later",
+                                                    None), None, [(b"retry-after", b"1")])
         ctype = headers.get(b"content-type")
         if ctype is not None and ctype.split(b";", 1)[0].strip().lower() != b"application/json":
             return await self._plain_error(r, 415, "Unsupported Media Type: send application/json")
@@ -223,10 +235,11 @@ class HttpApp:
 
     async def _message(self, r: Responder, headers: RequestHeaders, principal: Principal, body: bytes,
                        can_json: bool, can_sse: bool, receive: Receive) -> None:
+        # The body is decoded once here; the core reads each params once (``parse``) and chooses the era.
         try:
             env = rpc.decode_envelope(body)
-        except rpc.ProtocolError as exc:
-            return await self._plain_error(r, 400, exc.message, code=exc.code)
+        except McpError as exc:
+            return await self._refuse(r, exc, modern=False)
         id_bytes = None
         if isinstance(env, rpc.Envelope) and rpc.valid_id(env.id):
             id_bytes = rpc.encode_id(env.id)
@@ -236,110 +249,103 @@ class HttpApp:
             if wait > 0:
                 self.rate_limited["principal"] += 1
                 self._audit_refused(env, principal, "rate_limited")
-                return await self._limited(r, RateLimited(f"principal {principal.name}", wait), id_bytes)
+                return await self._refuse(r, RateLimited(f"principal {principal.name}", wait), id_bytes)
         if isinstance(env, list):
-            return await self._legacy_batch(r, headers, principal, body)
-        method = env.method
-        probe = mcp_headers.probe(env.params) if isinstance(method, str) else None
+            return await self._legacy_batch(r, headers, principal, env)
+        req = self.core.parse(ConnState(), env)
         version = headers.get(b"mcp-protocol-version")
-        if mcp_headers.body_is_modern(method, probe) or (version is not None and version.strip() in _MODERN_HEADER_VALUES):
-            return await self._modern(r, headers, principal, env, probe, id_bytes, can_sse, receive)
+        if req.modern or (version is not None and version.strip() in _MODERN_HEADER_VALUES):
+            return await self._modern(r, headers, principal, req, id_bytes, can_sse, receive)
         return await self._legacy(r, headers, principal, env, id_bytes, can_sse, receive)
 
-    async def _limited(self, r: Responder, exc: RateLimited, id_bytes: bytes | None) -> None:
-        retry = str(max(1, math.ceil(exc.retry_after_s))).encode()
-        await self._plain_error(r, 429, str(exc), [(b"retry-after", retry)], id_bytes, RATE_LIMITED, exc.data())
+    def _connection(self, principal: Principal, state: ConnState | None = None,
+                    push: Callable[[bytes], None] | None = None) -> Connection:
+        return Connection(self.daemon, state, principal.name, push=push,
+                          admit=lambda call: self._tool_limited(call, principal),
+                          catalog_view=lambda: principal.catalog(self.daemon.catalog))
+
+    async def _answer(self, r: Responder, done: Dispatched, modern: bool) -> None:
+        """Send what dispatching a non-call action came to."""
+        if type(done) is not Answered or done.data is None:
+            return await r.body(202, b"", None)  # a notification, or a cancel (on HTTP, closing the stream cancels)
+        status = status_of_code(done.error_code, modern) if done.error_code is not None else 200
+        await r.body(status, done.data)
 
     # -- modern (2026-07-28) ---------------------------------------------------------------------
 
-    async def _modern(self, r: Responder, headers: RequestHeaders, principal: Principal, env: rpc.Envelope,
-                      probe: mcp_headers.Probe | None, id_bytes: bytes | None, can_sse: bool, receive: Receive) -> None:
-        method = env.method
-        is_request = env.id is not msgspec.UNSET
-        catalog = principal.catalog(self.daemon.catalog)
-        if isinstance(method, str):
-            if is_request and not mcp_headers.body_is_modern(method, probe):
-                return await self._plain_error(
-                    r, 400, f"Invalid params: params._meta must carry {eras.META_VERSION} and {eras.META_CLIENT_CAPS}",
-                    id_bytes=id_bytes, code=rpc.INVALID_PARAMS)
+    async def _modern(self, r: Responder, headers: RequestHeaders, principal: Principal, req: Request,
+                      id_bytes: bytes | None, can_sse: bool, receive: Receive) -> None:
+        conn = self._connection(principal)
+        if req.method:
+            if req.is_request and not req.modern:
+                return await self._refuse(r, InvalidParams(
+                    f"Invalid params: params._meta must carry {eras.META_VERSION} and {eras.META_CLIENT_CAPS}"), id_bytes)
             try:
-                mcp_headers.check(method, is_request, probe, headers.get(b"mcp-protocol-version"),
-                                  headers.get(b"mcp-method"), headers.get(b"mcp-name"), headers.params,
-                                  (catalog or self.daemon.catalog).get)
-            except mcp_headers.HeaderMismatch as exc:
-                self._audit_refused(env, principal, "header_mismatch")
-                return await self._plain_error(r, 400, f"Header mismatch: {exc.message}", id_bytes=id_bytes,
-                                               code=rpc.HEADER_MISMATCH)
-        action = self.core.handle(ConnState(), env, catalog)
-        kind = type(action)
-        if kind is Reply:
-            if action.refused is not None:
-                self.daemon.record_refusal(action, principal.name)
-            if action.data is None:
-                return await r.body(202, b"", None)
-            status = _MODERN_STATUS.get(action.error_code, 400) if action.error_code is not None else 200
-            return await r.body(status, action.data)
-        if kind is ToolCall:
-            return await self._call(r, action, principal, can_sse, receive, None)
-        if kind is Listen:
-            return await self._listen(r, action, can_sse, receive)
-        return await r.body(202, b"", None)  # Cancel: on HTTP, closing the stream is the cancellation
+                mcp_headers.check(req, headers.get(b"mcp-protocol-version"), headers.get(b"mcp-method"),
+                                  headers.get(b"mcp-name"), headers.params, (conn.catalog() or self.daemon.catalog).get)
+            except HeaderMismatch as exc:
+                self._audit_refused(req.env, principal, "header_mismatch")
+                return await self._refuse(r, exc, id_bytes)
+        action = conn.run(req)
+        match action:
+            case ToolCall():
+                return await self._call(r, conn, action, can_sse, receive, None)
+            case Listen():
+                return await self._listen(r, conn, action, can_sse, receive)
+            case _:
+                return await self._answer(r, conn.dispatch(action, _NOWHERE), modern=True)
 
-    async def _listen(self, r: Responder, listen: Listen, can_sse: bool, receive: Receive) -> None:
+    async def _listen(self, r: Responder, conn: Connection, listen: Listen, can_sse: bool, receive: Receive) -> None:
         if not can_sse:
             return await self._plain_error(r, 406, "Not Acceptable: subscriptions/listen answers with text/event-stream",
                                            id_bytes=listen.id_bytes)
         if self.streams >= self.cfg.max_streams:
-            return await self._plain_error(r, 503, "Service Unavailable: too many open streams; retry later",
-                                           [(b"retry-after", b"5")], listen.id_bytes, rpc.SERVER_BUSY)
+            return await self._refuse(r, ServerBusy("Service Unavailable: too many open streams; retry later", None),
+                                      listen.id_bytes, [(b"retry-after", b"5")])
         stream = PushStream(listen)
         self.listens.add(stream)
         self.streams += 1
         try:
+            conn.dispatch(listen, stream)  # the acknowledgement is the stream's first event
             await r.start_sse()
-            await r.events([self.core.subscription_ack(listen)])
             await self._pump(r, stream, receive)
         finally:
+            conn.close()
             self.listens.discard(stream)
             self.streams -= 1
 
     # -- legacy (2025-03-26 … 2025-11-25) ------------------------------------------------------
 
-    async def _legacy(self, r: Responder, headers: RequestHeaders, principal: Principal, env: rpc.Envelope,
-                      id_bytes: bytes | None, can_sse: bool, receive: Receive) -> None:
+    def _session_or_refusal(self, headers: RequestHeaders, principal: Principal,
+                            id_bytes: bytes | None) -> LegacySession | McpError:
         sid = headers.get(b"mcp-session-id")
         if sid is None:
-            if env.method == "initialize" and env.id is not msgspec.UNSET:
-                return await self._initialize(r, principal, env)
-            return await self._plain_error(
-                r, 400, "Bad Request: Mcp-Session-Id header is required (send initialize first), or use protocol "
-                f"2026-07-28 with {eras.META_VERSION} in params._meta", id_bytes=id_bytes)
+            return HttpRefusal(400, "Bad Request: Mcp-Session-Id header is required (send initialize first), or use "
+                               f"protocol 2026-07-28 with {eras.META_VERSION} in params._meta")
         session = self.sessions.get(sid, principal)
         if session is None:
-            return await self._plain_error(r, 404, "Session not found: initialize a new session",
-                                           id_bytes=id_bytes, code=SESSION_NOT_FOUND)
+            return SessionNotFound("Session not found: initialize a new session")
         version = headers.get(b"mcp-protocol-version")
         if version is not None and version.strip() not in _LEGACY_HEADER_VALUES:
-            return await self._plain_error(
-                r, 400, f"Bad Request: unsupported MCP-Protocol-Version {version.decode('latin-1')!r}; supported: "
-                + ", ".join(eras.LEGACY_VERSIONS), id_bytes=id_bytes)
+            return HttpRefusal(400, f"Bad Request: unsupported MCP-Protocol-Version {version.decode('latin-1')!r}; "
+                               "supported: " + ", ".join(eras.LEGACY_VERSIONS))
+        return session
+
+    async def _legacy(self, r: Responder, headers: RequestHeaders, principal: Principal, env: rpc.Envelope,
+                      id_bytes: bytes | None, can_sse: bool, receive: Receive) -> None:
+        if headers.get(b"mcp-session-id") is None and env.method == "initialize" and env.id is not msgspec.UNSET:
+            return await self._initialize(r, principal, env)
+        session = self._session_or_refusal(headers, principal, id_bytes)
+        if isinstance(session, McpError):
+            return await self._refuse(r, session, id_bytes, modern=False)
+        conn = session.conn
         session.busy += 1
         session.last_seen = time.monotonic()
         try:
-            action = self.core.handle(session.state, env, principal.catalog(self.daemon.catalog))
-            kind = type(action)
-            if kind is Reply:
-                if action.refused is not None:
-                    self.daemon.record_refusal(action, principal.name)
-                if action.data is None:
-                    return await r.body(202, b"", None)
-                status = _LEGACY_STATUS.get(action.error_code, 200) if action.error_code is not None else 200
-                return await r.body(status, action.data)
-            if kind is ToolCall:
-                return await self._call(r, action, principal, can_sse, receive, session)
-            if kind is Cancel:
-                self._cancel_in_session(session, action.request_id)
-            return await r.body(202, b"", None)
+            action = conn.run(conn.parse(env))
+            if type(action) is ToolCall:
+                return await self._call(r, conn, action, can_sse, receive, session)
+            return await self._answer(r, conn.dispatch(action, _NOWHERE), modern=False)
         finally:
             session.busy -= 1
             session.last_seen = time.monotonic()
@@ -347,61 +353,45 @@ class HttpApp:
     async def _initialize(self, r: Responder, principal: Principal, env: rpc.Envelope) -> None:
         state = ConnState()
         action = self.core.handle(state, env, principal.catalog(self.daemon.catalog))
+        assert type(action) is Reply
         if action.error_code is not None or action.data is None:
-            status = _LEGACY_STATUS.get(action.error_code, 200) if action.error_code is not None else 200
+            status = status_of_code(action.error_code, modern=False) if action.error_code is not None else 200
             return await r.body(status, action.data or b"")
         session = self.sessions.create(principal, state, time.monotonic())
         if session is None:
-            return await self._plain_error(r, 503, "Service Unavailable: too many sessions; retry later",
-                                           [(b"retry-after", b"5")], rpc.encode_id(env.id), rpc.SERVER_BUSY)
+            return await self._refuse(r, ServerBusy("Service Unavailable: too many sessions; retry later", None),
+                                      rpc.encode_id(env.id), [(b"retry-after", b"5")], modern=False)
+        keep = self.cfg.sse_replay_events
+
+        def push(note: bytes, session: LegacySession = session) -> None:  # the GET stream's messages
+            event_id = session.record(note, keep)
+            if session.stream is not None:
+                session.stream.push_event(event_id, note)
+
+        session.conn = self._connection(principal, state, push)
         log("http_session_opened", principal=principal.name, version=state.legacy_version)
         await r.body(200, action.data, headers=[(b"mcp-session-id", session.id.encode())])
 
-    def _cancel_in_session(self, session: LegacySession, request_id: Any) -> None:
-        entry = session.inflight.pop(request_id, None)
-        if entry is not None:
-            call, handle, box = entry
-            self.daemon.cancel(call, handle, session.principal.name)
-            box.cancel()
-
-    async def _legacy_batch(self, r: Responder, headers: RequestHeaders, principal: Principal, body: bytes) -> None:
-        sid = headers.get(b"mcp-session-id")
-        session = self.sessions.get(sid, principal) if sid is not None else None
-        if sid is None:
+    async def _legacy_batch(self, r: Responder, headers: RequestHeaders, principal: Principal,
+                            items: list[msgspec.Raw]) -> None:
+        if headers.get(b"mcp-session-id") is None:
             return await self._plain_error(r, 400, "Bad Request: a batch needs an Mcp-Session-Id (initialize is never batched)")
-        if session is None:
-            return await self._plain_error(r, 404, "Session not found: initialize a new session", code=SESSION_NOT_FOUND)
+        session = self._session_or_refusal(headers, principal, None)
+        if isinstance(session, McpError):
+            return await self._refuse(r, session, modern=False)
+        conn = session.conn
         session.busy += 1
         try:
-            action = self.core.receive(session.state, body, principal.catalog(self.daemon.catalog))
-            actions = action.actions if hasattr(action, "actions") else [action]
-            replies: list[bytes | None] = [None] * len(actions)
-            async with trio.open_nursery() as nursery:
-                for i, item in enumerate(actions):
-                    if type(item) is Reply:
-                        if item.refused is not None:
-                            self.daemon.record_refusal(item, principal.name)
-                        replies[i] = item.data
-                    elif type(item) is Cancel:
-                        self._cancel_in_session(session, item.request_id)
-                    elif type(item) is ToolCall:
-                        nursery.start_soon(self._batch_call, item, principal, replies, i)
-            parts = [p for p in replies if p is not None]
-            if not parts:
+            action = conn.handle_batch(items)
+            if type(action) is not Batch:  # the batch as a whole was refused
+                return await self._answer(r, conn.dispatch(action, _NOWHERE), modern=False)
+            data = await conn.run_batch(action)
+            if data is None:
                 return await r.body(202, b"", None)
-            single = len(actions) == 1 and type(action) is Reply
-            await r.body(400 if single and action.error_code in _LEGACY_STATUS else 200,
-                         parts[0] if single else b"[" + b",".join(parts) + b"]")
+            await r.body(200, data)
         finally:
             session.busy -= 1
             session.last_seen = time.monotonic()
-
-    async def _batch_call(self, call: ToolCall, principal: Principal, replies: list[bytes | None], i: int) -> None:
-        limited = self._tool_limited(call, principal)
-        if limited is not None:
-            replies[i] = rpc.error_response(call.id_bytes, RATE_LIMITED, str(limited), limited.data())
-            return
-        replies[i] = await self.daemon.execute(call, lambda _data: None, principal.name)
 
     # -- tool calls (both eras) ----------------------------------------------------------------
 
@@ -411,16 +401,14 @@ class HttpApp:
             return
         items = env if isinstance(env, list) else [env]
         for item in items:
-            method = item.get("method") if isinstance(item, dict) else getattr(item, "method", None)
-            if method != "tools/call":
+            if isinstance(item, msgspec.Raw):
+                try:
+                    item = rpc.envelope_from_raw(item)
+                except McpError:
+                    continue
+            if getattr(item, "method", None) != "tools/call":
                 continue
-            if isinstance(item, dict):
-                params = item.get("params")
-                name = params.get("name") if isinstance(params, dict) else None
-                tool = name[:80] if isinstance(name, str) else ""
-            else:
-                tool = requested_tool(item.params)
-            self.audit.write(principal.name, tool, None, None, outcome, 0.0)
+            self.audit.write(principal.name, requested_tool(item.params), None, None, outcome, 0.0)
 
     def _tool_limited(self, call: ToolCall, principal: Principal) -> RateLimited | None:
         cfg = self.cfg
@@ -436,36 +424,21 @@ class HttpApp:
                              "rate_limited", 0.0)
         return RateLimited(f"tool {call.entry.name}", wait)
 
-    async def _call(self, r: Responder, call: ToolCall, principal: Principal, can_sse: bool, receive: Receive,
+    async def _call(self, r: Responder, conn: Connection, call: ToolCall, can_sse: bool, receive: Receive,
                     session: LegacySession | None) -> None:
-        limited = self._tool_limited(call, principal)
-        if limited is not None:
-            return await self._limited(r, limited, call.id_bytes)
-        request_id = call.request_id
-        if session is not None and request_id in session.inflight:
-            return await r.body(200, self.core.call_error(
-                call, rpc.INVALID_REQUEST, "Invalid Request: a request with this id is already in progress"))
         box = CallBox(stream=can_sse)
-        daemon = self.daemon
-        on_done: Callable[[ToolCall, bytes], None] = box.done
-        if session is not None:
-            inflight = session.inflight
-
-            def done_in_session(c: ToolCall, data: bytes) -> None:
-                entry = inflight.get(request_id)
-                if entry is not None and entry[2] is box:
-                    del inflight[request_id]
-                box.done(c, data)
-
-            on_done = done_in_session
-        handle = daemon.start(call, box.emit, principal.name, on_done)
-        if session is not None and box.final is None:
-            session.inflight[request_id] = (call, handle, box)
+        started = conn.dispatch(call, box)
+        if type(started) is Answered:  # refused before it ran (a rate limit, a duplicate id)
+            assert started.data is not None
+            if started.error is not None and isinstance(started.error, RateLimited):
+                return await self._refuse(r, started.error, call.id_bytes)
+            return await r.body(200, started.data)
+        request_id = call.request_id
         detached = False  # True once the call no longer needs cancelling by us
         quick = True
         try:
             while True:
-                if box.final is None and not box.pending and not box.cancelled:
+                if box.final is None and not box.pending and not box.is_cancelled:
                     if quick:
                         # Most calls finish within milliseconds: wait for them on an event, and only
                         # then start watching for a disconnect (which costs a cancellation to undo).
@@ -495,7 +468,7 @@ class HttpApp:
                     # runs on (a later notifications/cancelled or DELETE can still stop it).
                     detached = session is not None
                     return
-                if box.cancelled:
+                if box.is_cancelled:
                     detached = True
                     return await (r.end() if r.started else r.body(202, b"", None))
                 if box.overflow:
@@ -514,11 +487,10 @@ class HttpApp:
                         return await r.end()
                     return await r.body(200, box.final)
         finally:
-            if not detached and box.final is None and not box.cancelled:
-                if session is not None:
-                    session.inflight.pop(request_id, None)
-                daemon.cancel(call, handle, principal.name)
-                box.cancelled = True
+            if not detached and box.final is None and not box.is_cancelled:
+                conn.cancel(request_id)
+            if session is None:
+                conn.close()
 
     # -- GET and DELETE (legacy sessions only) -------------------------------------------------
 
@@ -536,7 +508,7 @@ class HttpApp:
             return await self._plain_error(r, 405, "Method Not Allowed: GET streams belong to legacy sessions "
                                            "(send Mcp-Session-Id); 2026-07-28 clients POST only", [(b"allow", b"POST")])
         if session is None:
-            return await self._plain_error(r, 404, "Session not found: initialize a new session", code=SESSION_NOT_FOUND)
+            return await self._refuse(r, SessionNotFound("Session not found: initialize a new session"), modern=False)
         assert isinstance(session, LegacySession)
         if not accepts(headers.get(b"accept"))[1]:
             return await self._plain_error(r, 406, "Not Acceptable: the GET stream is text/event-stream")
@@ -549,8 +521,8 @@ class HttpApp:
             session.stream.close()
             session.stream = None
         if self.streams >= self.cfg.max_streams or self.shutting_down:
-            return await self._plain_error(r, 503, "Service Unavailable: too many open streams; retry later",
-                                           [(b"retry-after", b"5")], code=rpc.SERVER_BUSY)
+            return await self._refuse(r, ServerBusy("Service Unavailable: too many open streams; retry later", None),
+                                      None, [(b"retry-after", b"5")], modern=False)
         stream = session.stream = PushStream(with_ids=True)
         for event_id, data in session.missed(resume_from):
             stream.push_event(event_id, data)  # what the client missed while it was away
@@ -570,11 +542,9 @@ class HttpApp:
             return await self._plain_error(r, 405, "Method Not Allowed: DELETE ends a legacy session "
                                            "(send Mcp-Session-Id); 2026-07-28 has no sessions", [(b"allow", b"POST")])
         if session is None:
-            return await self._plain_error(r, 404, "Session not found", code=SESSION_NOT_FOUND)
+            return await self._refuse(r, SessionNotFound("Session not found"), modern=False)
         assert isinstance(session, LegacySession)
-        for request_id in list(session.inflight):
-            self._cancel_in_session(session, request_id)
-        self.sessions.remove(session)
+        self.sessions.remove(session)  # its connection closes: what it still runs is stopped
         log("http_session_closed", principal=principal.name)
         await r.body(200, b"", None)
 
@@ -615,20 +585,6 @@ class HttpApp:
                 if stream.last is not None:
                     await r.events([stream.last])
                 return await r.end()
-
-    def _on_catalog_change(self) -> None:
-        core = self.core
-        note = core.list_changed()
-        keep = self.cfg.sse_replay_events
-        for session in self.sessions.sessions.values():
-            if session.state.legacy_version is not None:
-                event_id = session.record(note, keep)
-                if session.stream is not None:
-                    session.stream.push_event(event_id, note)
-        for stream in self.listens:
-            listen = stream.listen
-            if listen is not None and listen.tools_list_changed:
-                stream.push(core.subscription_list_changed(listen))
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -673,4 +629,21 @@ class HttpApp:
                 log("http_session_expired", principal=session.principal.name)
 
     def close(self) -> None:
-        self._unsubscribe()
+        for session in list(self.sessions.sessions.values()):
+            self.sessions.remove(session)
+
+
+class _Nowhere:
+    """The sink of an action that sends nothing later (a reply, a cancel)."""
+
+    def emit(self, data: bytes) -> None:
+        pass
+
+    def done(self, data: bytes) -> None:
+        pass
+
+    def cancelled(self) -> None:
+        pass
+
+
+_NOWHERE = _Nowhere()

@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from runtime.auth import Principal
-from runtime.protocol.core import ConnState, Listen, ToolCall
+from runtime.protocol.core import ConnState, Listen
 
 #: Notifications a client that does not read its stream may leave queued before it is cut off.
 MAX_PENDING = 1024
@@ -50,19 +50,19 @@ class Waker:
 
 
 class CallBox(Waker):
-    __slots__ = ("cancelled", "final", "overflow", "pending", "stream")
+    __slots__ = ("final", "is_cancelled", "overflow", "pending", "stream")
 
     def __init__(self, stream: bool) -> None:
         super().__init__()
         self.pending: list[bytes] = []
         self.final: bytes | None = None
-        self.cancelled = False
+        self.is_cancelled = False
         self.overflow = False
         #: Notifications are wanted (the client accepts SSE); otherwise they are dropped.
         self.stream = stream
 
     def emit(self, data: bytes) -> None:
-        if not self.stream or self.final is not None or self.cancelled:
+        if not self.stream or self.final is not None or self.is_cancelled:
             return
         if len(self.pending) >= MAX_PENDING:
             self.overflow = True
@@ -70,13 +70,13 @@ class CallBox(Waker):
             self.pending.append(data)
         self.wake()
 
-    def done(self, _call: ToolCall, data: bytes) -> None:
-        if not self.cancelled:
+    def done(self, data: bytes) -> None:
+        if not self.is_cancelled:
             self.final = data
         self.wake()
 
-    def cancel(self) -> None:
-        self.cancelled = True
+    def cancelled(self) -> None:
+        self.is_cancelled = True
         self.wake()
 
 
@@ -113,6 +113,16 @@ class PushStream(Waker):
             self.last = last
         self.wake()
 
+    # As a connection's sink (a listen subscription): events, then the completion result.
+    def emit(self, data: bytes) -> None:
+        self.push(data)
+
+    def done(self, data: bytes) -> None:
+        self.close(data)
+
+    def cancelled(self) -> None:
+        self.close()
+
 
 @dataclass(eq=False)
 class LegacySession:
@@ -120,14 +130,19 @@ class LegacySession:
     principal: Principal
     state: ConnState
     last_seen: float
-    #: request id -> (call, pool handle, box)
-    inflight: dict[Any, tuple[ToolCall, Any, CallBox]] = field(default_factory=dict)
+    #: The session's conversation (``runtime.connection.Connection``), set once ``initialize`` is answered.
+    conn: Any = None
     stream: PushStream | None = None
     busy: int = 0  # requests being handled right now
     #: The last messages meant for the GET stream, with their event ids (replayed to a client that
     #: reconnects with ``Last-Event-ID``), bounded by ``http.sse_replay_events``.
     replay: deque[tuple[int, bytes]] = field(default_factory=deque)
     next_event_id: int = 1
+
+    @property
+    def inflight(self) -> dict[Any, Any]:
+        """The session's requests in flight (its connection's)."""
+        return self.conn.inflight if self.conn is not None else {}
 
     def record(self, data: bytes, keep: int) -> int:
         """Give ``data`` (a message for the GET stream) its event id and keep it for replay."""
@@ -229,6 +244,8 @@ class SessionTable:
                 self._by_principal.pop(name, None)
         if session.stream is not None:
             session.stream.close()
+        if session.conn is not None:
+            session.conn.close()  # what the session still runs is stopped; no more notifications
 
     def expire(self, now: float) -> list[LegacySession]:
         """Forget sessions idle for ``idle_s`` (no request, no running call, no open stream)."""

@@ -15,48 +15,16 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 
 from runtime.protocol import eras
+from runtime.protocol.errors import HeaderMismatch
 from runtime.protocol.catalog import ToolEntry
+from runtime.protocol.core import Request
 
 _INT = re.compile(r"-?[0-9]{1,20}")
 _NAME_FIELDS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
                 "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
 
-
-class HeaderMismatch(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class Probe(msgspec.Struct):
-    """The few params fields the headers mirror; ``arguments`` stays raw unless needed."""
-
-    meta: Any = msgspec.field(default=None, name="_meta")
-    name: Any = None
-    uri: Any = None
-    taskId: Any = None
-    arguments: msgspec.Raw = msgspec.Raw(b"")
-
-
-_probe_decoder = msgspec.json.Decoder(Probe)
-_any_decoder = msgspec.json.Decoder()
-
-
-def probe(params: msgspec.Raw) -> Probe | None:
-    if not params:
-        return None
-    try:
-        return _probe_decoder.decode(params)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, ValueError):
-        return None  # not an object: the core answers with its own -32602
-
-
-def body_is_modern(method: Any, p: Probe | None) -> bool:
-    """The core's era rule: ``server/discover``, or a protocol version in ``params._meta``."""
-    return method == "server/discover" or (p is not None and isinstance(p.meta, dict) and eras.META_VERSION in p.meta)
 
 
 def decode_value(raw: bytes, header: str) -> str:
@@ -73,40 +41,43 @@ def decode_value(raw: bytes, header: str) -> str:
     return text
 
 
-def check(method: str, is_request: bool, p: Probe | None, version: bytes | None, method_header: bytes | None,
-          name_header: bytes | None, param_headers: dict[bytes, bytes],
-          lookup: Callable[[str], ToolEntry | None]) -> None:
-    """Raise ``HeaderMismatch`` unless the headers agree with the body."""
+def check(req: Request, version: bytes | None, method_header: bytes | None, name_header: bytes | None,
+          param_headers: dict[bytes, bytes], lookup: Callable[[str], ToolEntry | None]) -> None:
+    """Raise ``HeaderMismatch`` unless the headers agree with the body (read once, by ``Core.parse``)."""
+    try:
+        _check(req, version, method_header, name_header, param_headers, lookup)
+    except HeaderMismatch as exc:
+        raise HeaderMismatch(f"Header mismatch: {exc.message}") from None
+
+
+def _check(req: Request, version: bytes | None, method_header: bytes | None, name_header: bytes | None,
+           param_headers: dict[bytes, bytes], lookup: Callable[[str], ToolEntry | None]) -> None:
+    method = req.method
     if version is None:
         raise HeaderMismatch("MCP-Protocol-Version header is required")
-    body_version = p.meta.get(eras.META_VERSION) if p is not None and isinstance(p.meta, dict) else None
+    body_version = req.meta.get(eras.META_VERSION) if req.meta is not None else None
     if isinstance(body_version, str) and decode_value(version, "MCP-Protocol-Version") != body_version:
         raise HeaderMismatch(f"MCP-Protocol-Version header does not match _meta[{eras.META_VERSION!r}] ({body_version})")
     if method_header is None:
-        if is_request:
+        if req.is_request:
             raise HeaderMismatch("Mcp-Method header is required")
     elif decode_value(method_header, "Mcp-Method") != method:
         raise HeaderMismatch(f"Mcp-Method header does not match the body's method ({method})")
     field = _NAME_FIELDS.get(method)
-    expected = getattr(p, field) if field is not None and p is not None else None
+    expected = req.mirrored(field) if field is not None else None
     if isinstance(expected, str):
         if name_header is None:
             raise HeaderMismatch(f"Mcp-Name header is required for {method}")
         if decode_value(name_header, "Mcp-Name") != expected:
             raise HeaderMismatch(f"Mcp-Name header does not match params.{field}")
-    if method == "tools/call" and p is not None and isinstance(p.name, str):
-        entry = lookup(p.name)
+    name = req.mirrored("name")
+    if method == "tools/call" and isinstance(name, str):
+        entry = lookup(name)
         if entry is not None and entry.checked.headers:
-            _check_params(entry, p, param_headers)
+            _check_params(entry, req.mirrored("arguments"), param_headers)
 
 
-def _check_params(entry: ToolEntry, p: Probe, param_headers: dict[bytes, bytes]) -> None:
-    args: Any = None
-    if p.arguments:
-        try:
-            args = _any_decoder.decode(p.arguments)
-        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, ValueError):
-            return  # the core rejects the body itself
+def _check_params(entry: ToolEntry, args: Any, param_headers: dict[bytes, bytes]) -> None:
     if args is not None and not isinstance(args, dict):
         return
     args = args or {}

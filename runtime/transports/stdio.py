@@ -13,9 +13,9 @@ import os
 import trio
 
 from runtime.daemon import Daemon
-from runtime.protocol.core import ConnState
+from runtime.connection import Answered, BatchStarted, Connection, LineSink
+from runtime.protocol.core import Batch
 from runtime.protocol.framing import TOO_LONG, Item, LineSplitter
-from runtime.session import Session
 
 
 class _Writer:
@@ -55,7 +55,7 @@ class _Writer:
                 self.broken = True
 
 
-async def _drain_on(shutdown: trio.Event, grace_s: float, session: Session, read_scope: trio.CancelScope,
+async def _drain_on(shutdown: trio.Event, grace_s: float, session: Connection, read_scope: trio.CancelScope,
                    drain_scope: trio.CancelScope) -> None:
     """Shutdown: refuse new calls at once, give running ones ``grace_s``, then answer what is left
     with "the server is shutting down" and stop reading."""
@@ -85,7 +85,8 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
         read_scope = trio.CancelScope()
         drain_scope = trio.CancelScope()
         async with trio.open_nursery() as calls:
-            session = Session(daemon, ConnState(), writer.emit, calls)
+            session = Connection(daemon, push=writer.emit)
+            sink = LineSink(writer.emit)
             if shutdown is not None:
                 calls.start_soon(_drain_on, shutdown, grace_s, session, read_scope, drain_scope)
             lines = LineSplitter(max_line)
@@ -98,8 +99,8 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
                             chunk = b""
                         if not chunk:
                             break
-                        _deliver(session, lines.feed(chunk), max_line)
-                    _deliver(session, lines.end(), max_line)
+                        _deliver(session, sink, calls, lines.feed(chunk), max_line)
+                    _deliver(session, sink, calls, lines.end(), max_line)
                     await session.wait_idle()
             finally:
                 drain_scope.cancel()
@@ -107,10 +108,21 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
         writer.close()  # the writer drains what is queued (even a send in progress) and returns
 
 
-def _deliver(session: Session, items: list[Item], max_line: int) -> None:
+def _deliver(session: Connection, sink: LineSink, nursery: trio.Nursery, items: list[Item], max_line: int) -> None:
     for item in items:
         if item is TOO_LONG:
-            session.emit(session.core.too_large(session.state, max_line))
-        else:
-            assert isinstance(item, bytes)
-            session.receive(item)
+            sink.emit(session.core.too_large(session.state, max_line))
+            continue
+        assert isinstance(item, bytes)
+        outcome = session.dispatch(session.receive(item), sink)
+        if type(outcome) is Answered:
+            if outcome.data is not None:
+                sink.emit(outcome.data)
+        elif type(outcome) is BatchStarted:
+            nursery.start_soon(_answer_batch, session, sink, outcome.batch)
+
+
+async def _answer_batch(session: Connection, sink: LineSink, batch: Batch) -> None:
+    data = await session.run_batch(batch)
+    if data is not None:
+        sink.emit(data)

@@ -11,7 +11,11 @@ import pytest
 
 from runtime.auth import Authenticator, Principal, hash_token
 from runtime.http_config import HttpConfig, RateLimit, Token, check_http_config, parse_listen
-from runtime.ratelimit import RateLimited, RateLimiter
+from runtime.protocol import jsonrpc as rpc
+from runtime.protocol.catalog import Catalog
+from runtime.protocol.core import ConnState, Core, Request
+from runtime.protocol.errors import HeaderMismatch, RateLimited
+from runtime.ratelimit import RateLimiter
 from runtime.transports import mcp_headers as mh
 from runtime.transports.asgi import RequestHeaders, accepts
 
@@ -42,19 +46,28 @@ def test_the_limiter_forgets_the_least_recently_used_buckets() -> None:
 
 def test_rate_limited_reports_milliseconds_rounded_up() -> None:
     exc = RateLimited("tool x", 0.0101)
-    assert exc.data() == {"retryAfterMs": 11, "limit": "tool x"}
+    assert exc.data == {"retryAfterMs": 11, "limit": "tool x"}
     assert "retry in 0.01 s" in str(exc)
 
 
-def _probe(params: dict[str, Any]) -> mh.Probe | None:
-    return mh.probe(msgspec.Raw(msgspec.json.encode(params)))
+def _parse(method: str, params: Any, with_id: bool = True) -> Request:
+    """A message as the core reads it once (params decoded, era chosen)."""
+    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        message["params"] = params
+    if with_id:
+        message["id"] = 1
+    env = rpc.decode_envelope(msgspec.json.encode(message))
+    assert isinstance(env, rpc.Envelope)
+    return Core(lambda: Catalog(0, [], 10)).parse(ConnState(), env)
 
 
-def test_the_era_is_modern_for_discover_or_a_protocol_version_in_meta() -> None:
-    assert mh.body_is_modern("server/discover", None)
-    assert mh.body_is_modern("tools/list", _probe({"_meta": {"io.modelcontextprotocol/protocolVersion": "x"}}))
-    assert not mh.body_is_modern("tools/list", _probe({"_meta": {"progressToken": 1}}))
-    assert not mh.body_is_modern("tools/list", mh.probe(msgspec.Raw(b"[1,2]")))
+def test_the_core_chooses_the_era_once_discover_or_a_protocol_version_in_meta_is_modern() -> None:
+    assert _parse("server/discover", None).modern
+    assert _parse("tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "x"}}).modern
+    assert not _parse("tools/list", {"_meta": {"progressToken": 1}}).modern
+    assert not _parse("tools/list", [1, 2]).modern  # not an object: the core answers -32602 itself
+    assert _parse("tools/list", [1, 2]).problem is not None
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -71,15 +84,16 @@ def test_header_values_decode(raw: bytes, expected: str) -> None:
 @pytest.mark.parametrize("raw", [b"=?base64?SGVsbG8?=", b"=?base64?SGVs!!!bG8=?=", b"caf\xc3\xa9", b"a\x01b",
                                  b"=?base64?" + base64.b64encode(b"\xff\xfe") + b"?="])
 def test_bad_header_values_are_mismatches(raw: bytes) -> None:
-    with pytest.raises(mh.HeaderMismatch):
+    with pytest.raises(HeaderMismatch):
         mh.decode_value(raw, "H")
 
 
 def test_a_notification_needs_no_method_header_but_a_wrong_one_is_rejected() -> None:
-    p = _probe({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}})
-    mh.check("notifications/initialized", False, p, b"2026-07-28", None, None, {}, lambda n: None)
-    with pytest.raises(mh.HeaderMismatch):
-        mh.check("notifications/initialized", False, p, b"2026-07-28", b"other", None, {}, lambda n: None)
+    p = _parse("notifications/initialized", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}},
+               with_id=False)
+    mh.check(p, b"2026-07-28", None, None, {}, lambda n: None)
+    with pytest.raises(HeaderMismatch):
+        mh.check(p, b"2026-07-28", b"other", None, {}, lambda n: None)
 
 
 def test_request_headers_collect_what_the_transport_reads() -> None:

@@ -25,6 +25,7 @@ import runtime.daemon
 from runtime.config import Config
 from runtime.daemon import open_daemon
 from runtime.protocol.core import ConnState, ToolCall
+from runtime.connection import run_call
 
 
 async def test_an_sdk_client_hears_exactly_one_list_changed_per_effective_change(tmp_path: Path) -> None:
@@ -115,7 +116,7 @@ async def test_calls_running_during_a_reload_finish_on_the_old_workers(tmp_path:
         results: list[bytes] = []
 
         async def run() -> None:
-            results.append(await daemon.execute(call, lambda data: None))
+            results.append(await run_call(daemon, call))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run)
@@ -125,7 +126,7 @@ async def test_calls_running_during_a_reload_finish_on_the_old_workers(tmp_path:
                 await daemon.reload()
             again = daemon.core.receive(state, b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"nap","arguments":{"seconds":0}}}')
             with trio.fail_after(WAIT_S):
-                fresh = await daemon.execute(again, lambda data: None)
+                fresh = await run_call(daemon, again)
         assert json.loads(results[0])["result"]["content"][0]["text"] == "v1"
         assert json.loads(fresh)["result"]["content"][0]["text"] == "v2"
 

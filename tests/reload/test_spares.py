@@ -21,6 +21,7 @@ from reload_harness import WAIT_S
 from runtime.config import Config
 from runtime.daemon import Daemon, open_daemon
 from runtime.protocol.core import ConnState, ToolCall
+from runtime.connection import run_call
 
 ENVY = '''
 import os
@@ -55,7 +56,7 @@ async def whoami(daemon: Daemon) -> dict[str, Any]:
     call = daemon.core.receive(state, b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","arguments":{}}}')
     assert isinstance(call, ToolCall)
     with trio.fail_after(WAIT_S):
-        response = json.loads(await daemon.execute(call, lambda data: None))
+        response = json.loads(await run_call(daemon, call))
     return dict(response["result"]["structuredContent"])
 
 

@@ -20,7 +20,8 @@ from sandbox_harness import Worker, text_of, write_plugin
 
 from runtime.manifest import Manifest
 from runtime.processes import PoolSpec
-from runtime.workers import WorkerFailure, WorkerPool
+from runtime.protocol.errors import WorkerFailure
+from runtime.workers import WorkerPool
 from sandbox import zygote
 from sandbox.wire import CancelCall, Limits, encode_frame
 

@@ -1,0 +1,167 @@
+"""Running tool calls: admission (the daemon-wide cap on calls in flight), handing a call to its
+plugin's pool, cancelling it, and reporting how it ended as an ``Outcome`` (``Completed``,
+``Failed``, ``Refused``, ``Stopped``). No bytes and no JSON-RPC here: the protocol core turns
+outcomes into responses (``Core.answer``), the connection layer sends them.
+
+Every call, wherever it came from, passes through ``CallDispatcher.start`` exactly once and ends in
+exactly one ``on_outcome`` (or a ``cancel``), which is where the call hooks (audit log, metrics)
+see it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from runtime.logs import log
+from runtime.protocol import jsonrpc as rpc
+from runtime.protocol.core import Completed, Failed, Outcome, Refused, Reply, ToolCall
+from runtime.protocol.catalog import Catalog
+from runtime.protocol.errors import InternalError, InvalidParams, ServerBusy, WorkerFailure
+from sandbox import wire
+
+CallHook = Callable[[dict[str, Any]], None]
+#: A progress or log frame of a running call, as the worker sent it (checked).
+FrameSink = Callable[[Any], None]
+OutcomeSink = Callable[[Outcome], None]
+
+
+class CallDispatcher:
+    """Starts, cancels and accounts for every tool call of one daemon."""
+
+    def __init__(self, max_inflight: int) -> None:
+        self.max_inflight = max_inflight
+        self.inflight = 0
+        self.stats = {"calls": 0, "errors": 0, "busy": 0}
+        self.hooks: list[CallHook] = []
+
+    def start(self, call: ToolCall, principal: str | None, on_frame: FrameSink, on_outcome: OutcomeSink) -> Any:
+        """Start ``call`` without a task of its own; ``on_outcome`` runs once with how it ended
+        (possibly before this returns). Returns a handle for ``cancel``, or None."""
+        entry = call.entry
+        pool = entry.runner
+        started = time.perf_counter()
+
+        def done(slot: Any) -> None:
+            self.inflight -= 1
+            try:
+                outcome = self._finish(call, slot, principal, started)
+            except Exception as exc:  # our bug: the call is answered -32603 rather than left hanging
+                log("internal_error", level="error", tool=entry.name, error=f"{type(exc).__name__}: {exc}")
+                outcome = Refused(InternalError())
+            on_outcome(outcome)
+
+        if self.inflight >= self.max_inflight:
+            self._refuse_busy(call, principal, started, on_outcome, "too many calls in flight")
+            return None
+        try:
+            slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None, call.log_level,
+                                 on_frame, done)
+        except (OverflowError, TypeError, ValueError) as exc:
+            on_outcome(Refused(InvalidParams("Invalid params: arguments cannot be passed to a worker "
+                                             f"({type(exc).__name__}: {str(exc)[:100]})")))
+            return None
+        try:
+            pool.submit(slot)
+        except ServerBusy as exc:
+            self.stats["busy"] += 1
+            self._hook(call, principal, "busy", started)
+            on_outcome(Refused(exc))
+            return None
+        except WorkerFailure as exc:
+            on_outcome(Failed(exc))
+            return None
+        except Exception as exc:  # our bug: this call gets -32603, every other call keeps going
+            log("internal_error", level="error", tool=entry.name, error=f"{type(exc).__name__}: {exc}")
+            on_outcome(Refused(InternalError()))
+            return None
+        self.inflight += 1
+        return slot
+
+    def _refuse_busy(self, call: ToolCall, principal: str | None, started: float, on_outcome: OutcomeSink,
+                     why: str) -> None:
+        self.stats["busy"] += 1
+        self._hook(call, principal, "busy", started)
+        on_outcome(Refused(ServerBusy(f"Server busy: {why}; retry later")))
+
+    def cancel(self, call: ToolCall, handle: Any, principal: str | None = None) -> None:
+        """The client cancelled: no outcome follows for ``call``; its worker is stopped."""
+        if handle is None or handle.finished:
+            return
+        self.inflight -= 1
+        self.stats["calls"] += 1
+        self._hook(call, principal, "cancelled", time.perf_counter())
+        call.entry.runner.withdraw(handle)
+
+    def _finish(self, call: ToolCall, slot: Any, principal: str | None, started: float) -> Outcome:
+        entry = call.entry
+        self.stats["calls"] += 1
+        error = slot.error
+        if error is not None:
+            self.stats["errors"] += 1
+            self._hook(call, principal, error.kind, started)
+            log("call_failed", level="warning", tool=entry.name, plugin=entry.plugin, kind=error.kind,
+                fault=error.fault, error=error.message)
+            return Failed(error)
+        result: wire.Result = slot.result
+        if result.traceback:
+            log("tool_raised", level="warning", tool=entry.name, plugin=entry.plugin, traceback=result.traceback)
+        if self.hooks:
+            self._hook(call, principal, "tool_error" if result.is_error else "ok", started)
+        return Completed(result)
+
+    async def execute(self, call: ToolCall, principal: str | None = None,
+                      on_frame: FrameSink | None = None) -> Outcome:
+        """Run ``call`` and wait for its outcome. Honours cancellation (the worker is stopped)."""
+        box: list[Outcome] = []
+        event = trio.Event()
+
+        def on_outcome(outcome: Outcome) -> None:
+            box.append(outcome)
+            event.set()
+
+        handle = self.start(call, principal, on_frame or (lambda _frame: None), on_outcome)
+        try:
+            await event.wait()
+        except trio.Cancelled:
+            self.cancel(call, handle, principal)
+            raise
+        return box[0]
+
+    def record_refusal(self, reply: Reply, principal: str | None, catalog: Catalog) -> None:
+        """A ``tools/call`` answered without running (unknown or out-of-scope tool, invalid params or
+        arguments, a rate limit, headers that contradict it): one audit/metrics event like every other."""
+        if reply.refused is None:
+            return
+        requested, outcome = reply.refused
+        self.record_refused_name(requested, outcome, principal, catalog)
+
+    def record_refused_name(self, requested: str, outcome: str, principal: str | None, catalog: Catalog,
+                            argument_bytes: int | None = None) -> None:
+        if not self.hooks:
+            return
+        entry = catalog.get(requested) if requested else None
+        # Metrics label by tool: a name the client made up never becomes a label of its own.
+        event = {"tool": entry.name if entry is not None else "(unknown)", "requested": requested,
+                 "plugin": entry.plugin if entry is not None else None, "principal": principal, "outcome": outcome,
+                 "duration_s": 0.0, "argument_keys": None, "argument_bytes": argument_bytes}
+        self._emit_hook(event)
+
+    def _hook(self, call: ToolCall, principal: str | None, outcome: str, started: float) -> None:
+        if not self.hooks:
+            return
+        event = {"tool": call.entry.name, "plugin": call.entry.plugin, "principal": principal, "outcome": outcome,
+                 "duration_s": time.perf_counter() - started, "argument_keys": len(call.arguments),
+                 "argument_bytes": len(rpc.encode(call.arguments))}
+        self._emit_hook(event)
+
+    def _emit_hook(self, event: dict[str, Any]) -> None:
+        for hook in self.hooks:
+            try:
+                hook(event)
+            except Exception as exc:  # a hook's failure never fails the call
+                log("internal_error", level="error", where="call hook", error=f"{type(exc).__name__}: {exc}")
+

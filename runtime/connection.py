@@ -1,0 +1,404 @@
+"""One client's conversation, on any transport: the rules of MCP that are not about bytes.
+
+A ``Connection`` is what one stdio client, one legacy HTTP session (2024-11-05 … 2025-11-25) or
+one modern HTTP request (2026-07-28, a short-lived connection) talks to. It holds the requests in
+flight and applies, in this one place, every conversation rule:
+
+* a duplicate in-flight request id is refused without disturbing the running one;
+* ``notifications/cancelled`` stops that request's call (its worker) or ends that listen
+  subscription, and nothing more is sent for it;
+* 2025-03-26 batches run their members concurrently and are answered as one array;
+* ``subscriptions/listen`` subscriptions and legacy ``notifications/tools/list_changed`` get the
+  catalog's changes;
+* a ``tools/call`` answered without running is recorded for the audit log and metrics;
+* during shutdown new calls, listens and batches are refused (``ShuttingDown``), and at its end
+  what is still running is answered with why it stopped.
+
+A transport owns only framing and delivery. It feeds messages in (``receive`` for raw bytes, or
+``handle`` for an envelope it decoded itself), passes each action to ``dispatch`` with a ``Sink``
+(where that request's notifications and final answer go) and delivers what the sink receives:
+stdio writes every sink to stdout; HTTP gives each POST a sink of its own and chooses JSON or SSE.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, assert_never
+
+import trio
+
+from runtime.daemon import Daemon
+from runtime.logs import log
+from runtime.protocol import jsonrpc as rpc
+from runtime.protocol.catalog import Catalog
+from runtime.protocol.core import (
+    Action,
+    Batch,
+    Cancel,
+    ConnState,
+    Listen,
+    Outcome,
+    Reply,
+    Request,
+    Stopped,
+    ToolCall,
+)
+from runtime.protocol.errors import InternalError, InvalidRequest, McpError, ShuttingDown
+from sandbox import wire
+
+
+class Sink(Protocol):
+    """Where one request's messages go."""
+
+    def emit(self, data: bytes) -> None:
+        """A notification about the request (progress, log, a listen's events)."""
+
+    def done(self, data: bytes) -> None:
+        """The request's final answer."""
+
+    def cancelled(self) -> None:
+        """The request was cancelled: nothing more comes."""
+
+
+class LineSink:
+    """A sink for a transport where everything goes down one stream (stdio)."""
+
+    __slots__ = ("emit", "done")
+
+    def __init__(self, write: Callable[[bytes], None]) -> None:
+        self.emit = write
+        self.done = write
+
+    def cancelled(self) -> None:
+        pass
+
+
+# -- what dispatching an action came to (for the transport) ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """Answer now with ``data`` (``None``: a notification was taken, nothing to send)."""
+
+    data: bytes | None
+    error_code: int | None = None
+    modern: bool = False
+    #: The error, when the answer refuses a call this connection's rules stopped (a rate limit, ...).
+    error: McpError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A call is running; its sink gets the notifications and, once, the answer."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribed:
+    """A listen subscription is open; its sink got the acknowledgement and gets the events."""
+
+    listen: Listen
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStarted:
+    """A batch must be run: ``await Connection.run_batch(batch)`` gives its one answer."""
+
+    batch: Batch
+
+
+Dispatched = Answered | Started | Subscribed | BatchStarted
+
+
+@dataclass(slots=True)
+class _Running:
+    call: ToolCall
+    sink: Sink
+    handle: Any = None
+
+
+class Connection:
+    """One client's conversation (see the module docstring).
+
+    ``push`` receives connection-wide notifications (legacy ``list_changed``); without it the
+    connection takes none (a modern request). ``admit`` may refuse a call before it runs (HTTP's
+    per-tool rate limit) by returning the error to answer with. ``catalog_view`` narrows the catalog
+    to what the principal may see."""
+
+    def __init__(self, daemon: Daemon, state: ConnState | None = None, principal: str | None = None, *,
+                 push: Callable[[bytes], None] | None = None,
+                 admit: Callable[[ToolCall], McpError | None] | None = None,
+                 catalog_view: Callable[[], Catalog | None] | None = None) -> None:
+        self.daemon = daemon
+        self.core = daemon.core
+        self.calls = daemon.calls
+        self.state = state if state is not None else ConnState()
+        self.principal = principal
+        self.push = push
+        self.admit = admit
+        self.catalog_view = catalog_view
+        self.inflight: dict[Any, _Running] = {}
+        self.listens: dict[Any, tuple[Listen, Sink]] = {}
+        #: Shutting down: calls, listens and batches that arrive now are refused (``ShuttingDown``).
+        self.draining = False
+        self._idle = trio.Event()
+        self._idle.set()
+        self._batch_scopes: set[trio.CancelScope] = set()
+        self._unsubscribe: Callable[[], None] | None = None
+        if push is not None:
+            self._unsubscribe = daemon.subscribe(self._on_catalog_change)
+
+    # -- messages in -------------------------------------------------------------------------
+
+    def catalog(self) -> Catalog | None:
+        return self.catalog_view() if self.catalog_view is not None else None
+
+    def receive(self, data: bytes | memoryview) -> Action:
+        """Decode and handle one raw message (or batch)."""
+        try:
+            return self.core.receive(self.state, data, self.catalog())
+        except Exception as exc:  # our bug: answer -32603, log it, keep serving everyone else
+            return self._internal_error(exc)
+
+    def parse(self, env: rpc.Envelope) -> Request:
+        """Read an envelope the transport decoded (its params once, its era chosen by the core)."""
+        return self.core.parse(self.state, env)
+
+    def run(self, req: Request) -> Action:
+        try:
+            return self.core.run(self.state, req, self.catalog())
+        except Exception as exc:  # our bug
+            return self._internal_error(exc)
+
+    def handle_batch(self, items: list[Any]) -> Action:
+        try:
+            return self.core.handle_decoded(self.state, items, self.catalog())
+        except Exception as exc:  # our bug
+            return self._internal_error(exc)
+
+    @staticmethod
+    def _internal_error(exc: Exception) -> Reply:
+        log("internal_error", level="error", error=f"{type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(limit=15))
+        error = InternalError()
+        return Reply(rpc.error_reply(b"null", error), error.code)
+
+    # -- the rules -----------------------------------------------------------------------------
+
+    def dispatch(self, action: Action, sink: Sink) -> Dispatched:
+        """Apply the conversation's rules to one action; ``sink`` is where its messages go."""
+        if self.draining and type(action) in (ToolCall, Listen, Batch):
+            return Answered(self._refusal_while_draining(action))
+        match action:
+            case Reply():
+                if action.refused is not None:
+                    self.calls.record_refusal(action, self.principal, self.daemon.catalog)
+                return Answered(action.data, action.error_code, action.modern)
+            case ToolCall():
+                refusal = self._refuse_call(action)
+                if refusal is not None:
+                    error, data = refusal
+                    return Answered(data, error.code, action.modern, error)
+                self._start(action, sink)
+                return Started(action)
+            case Cancel():
+                self.cancel(action.request_id)
+                return Answered(None)
+            case Listen():
+                self.listens[action.request_id] = (action, sink)
+                if self._unsubscribe is None:
+                    self._unsubscribe = self.daemon.subscribe(self._on_catalog_change)
+                sink.emit(self.core.subscription_ack(action))
+                return Subscribed(action)
+            case Batch():
+                return BatchStarted(action)
+            case _:
+                assert_never(action)
+
+    def _refuse_call(self, call: ToolCall) -> tuple[McpError, bytes] | None:
+        """The rules a call must pass before it runs: a fresh id, and the transport's admission."""
+        error: McpError | None = None
+        if call.request_id in self.inflight:
+            # A duplicate in-flight id is the client's bug; answer it without disturbing the other.
+            error = InvalidRequest("Invalid Request: a request with this id is already in progress")
+        elif self.admit is not None:
+            error = self.admit(call)
+        return None if error is None else (error, self.core.call_error(call, error))
+
+    def _start(self, call: ToolCall, sink: Sink) -> None:
+        running = _Running(call, sink)
+        self.inflight[call.request_id] = running
+        if self._idle.is_set():
+            self._idle = trio.Event()
+        core = self.core
+
+        def on_frame(frame: Any) -> None:
+            if type(frame) is wire.Progress:
+                data = core.progress_notification(call, frame)
+            else:
+                data = core.log_notification(call, frame)
+            if data is not None and self.inflight.get(call.request_id) is running:
+                sink.emit(data)
+
+        def on_outcome(outcome: Outcome) -> None:
+            if self.inflight.get(call.request_id) is running:
+                del self.inflight[call.request_id]
+                sink.done(self.answer(call, outcome))
+            if not self.inflight:
+                self._idle.set()
+
+        handle = self.calls.start(call, self.principal, on_frame, on_outcome)
+        if self.inflight.get(call.request_id) is running:
+            running.handle = handle
+
+    def answer(self, call: ToolCall, outcome: Outcome) -> bytes:
+        """The bytes for a call's outcome (a plugin's invalid output is logged as its bug)."""
+        entry = call.entry
+        data, bug = self.core.answer(call, outcome, entry.runner.limits.max_output_bytes)
+        if bug is not None:
+            log("plugin_bug", level="error", tool=entry.name, plugin=entry.plugin, problem=bug)
+        return data
+
+    def cancel(self, request_id: Any) -> None:
+        """The client cancelled ``request_id``: its call stops (worker included) or its listen ends."""
+        running = self.inflight.pop(request_id, None)
+        if running is not None:
+            self.calls.cancel(running.call, running.handle, self.principal)
+            running.sink.cancelled()
+            if not self.inflight:
+                self._idle.set()
+            return
+        entry = self.listens.pop(request_id, None)
+        if entry is not None:
+            listen, sink = entry
+            sink.done(self.core.subscription_end(listen))
+
+    def end_listen(self, request_id: Any) -> None:
+        """The transport's stream for a listen is gone: forget it without answering."""
+        self.listens.pop(request_id, None)
+
+    async def run_batch(self, batch: Batch) -> bytes | None:
+        """Run a batch's members concurrently; the one array answer (None: nothing to answer)."""
+        replies: list[bytes | None] = [None] * len(batch.actions)
+        calls: dict[int, ToolCall] = {}
+
+        async def run(i: int, call: ToolCall) -> None:
+            refusal = self._refuse_call(call)
+            if refusal is not None:
+                replies[i] = refusal[1]
+                return
+            outcome = await self.calls.execute(call, self.principal)
+            replies[i] = self.answer(call, outcome)
+
+        scope = trio.CancelScope()
+        self._batch_scopes.add(scope)
+        try:
+            with scope:
+                async with trio.open_nursery() as n:
+                    for i, action in enumerate(batch.actions):
+                        match action:
+                            case ToolCall():
+                                calls[i] = action
+                                n.start_soon(run, i, action)
+                            case Reply():
+                                if action.refused is not None:
+                                    self.calls.record_refusal(action, self.principal, self.daemon.catalog)
+                                replies[i] = action.data
+                            case Cancel():
+                                self.cancel(action.request_id)
+                            case Listen() | Batch():  # the core never puts these in a batch
+                                pass
+                            case _:
+                                assert_never(action)
+        finally:
+            self._batch_scopes.discard(scope)
+        if scope.cancelled_caught:  # aborted by shutdown: the unfinished members say so
+            for i, call in calls.items():
+                if replies[i] is None:
+                    replies[i] = self.answer(call, Stopped("the server is shutting down"))
+        parts = [r for r in replies if r is not None]
+        return b"[" + b",".join(parts) + b"]" if parts else None
+
+    # -- shutdown and the end ------------------------------------------------------------------
+
+    def _refusal_while_draining(self, action: Action) -> bytes | None:
+        error = ShuttingDown()
+        match action:
+            case ToolCall():
+                return self.core.call_error(action, error)
+            case Listen():
+                return rpc.error_reply(action.id_bytes, error)
+            case Batch():
+                parts = []
+                for member in action.actions:
+                    if type(member) is ToolCall:
+                        parts.append(self.core.call_error(member, error))
+                    elif type(member) is Reply and member.data is not None:
+                        parts.append(member.data)
+                return b"[" + b",".join(parts) + b"]" if parts else None
+            case _:
+                return None
+
+    def abort(self, reason: str) -> None:
+        """Shutdown's end: every call still running is answered with ``reason`` and stopped, every
+        listen subscription ended; nothing is left without an answer."""
+        for request_id in list(self.inflight):
+            running = self.inflight.pop(request_id)
+            running.sink.done(self.answer(running.call, Stopped(reason)))
+            self.calls.cancel(running.call, running.handle, self.principal)
+        self._idle.set()
+        for request_id in list(self.listens):
+            listen, sink = self.listens.pop(request_id)
+            sink.done(self.core.subscription_end(listen))
+        for scope in list(self._batch_scopes):
+            scope.cancel()
+
+    def close(self) -> None:
+        """The client is gone: stop what it still runs; take no more notifications."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        for request_id in list(self.inflight):
+            self.cancel(request_id)
+        self.listens.clear()
+
+    async def wait_idle(self) -> None:
+        while self.inflight:
+            await self._idle.wait()
+
+    def _on_catalog_change(self) -> None:
+        if self.push is not None and self.state.legacy_version is not None:
+            self.push(self.core.list_changed())
+        for listen, sink in list(self.listens.values()):
+            if listen.tools_list_changed:
+                sink.emit(self.core.subscription_list_changed(listen))
+
+
+async def run_call(daemon: Daemon, call: ToolCall, principal: str | None = None,
+                   emit: Callable[[bytes], None] | None = None) -> bytes:
+    """Run one call outside any conversation (``toolcell call``, tests) and return its response."""
+    conn = Connection(daemon, principal=principal)
+    box: list[bytes] = []
+    done = trio.Event()
+
+    class _Once:
+        def emit(self, data: bytes) -> None:
+            if emit is not None:
+                emit(data)
+
+        def done(self, data: bytes) -> None:
+            box.append(data)
+            done.set()
+
+        def cancelled(self) -> None:
+            done.set()
+
+    conn.dispatch(call, _Once())
+    try:
+        await done.wait()
+    finally:
+        conn.close()
+    return box[0]
