@@ -37,6 +37,18 @@ class CallDispatcher:
         self.inflight = 0
         self.stats = {"calls": 0, "errors": 0, "busy": 0}
         self.hooks: list[CallHook] = []
+        self._idle: trio.Event | None = None
+
+    def _release(self) -> None:
+        self.inflight -= 1
+        if not self.inflight and self._idle is not None:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Wait until no call is in flight."""
+        while self.inflight:
+            self._idle = trio.Event()
+            await self._idle.wait()
 
     def start(self, call: ToolCall, principal: str | None, on_frame: FrameSink, on_outcome: OutcomeSink) -> Any:
         """Start ``call`` without a task of its own; ``on_outcome`` runs once with how it ended
@@ -46,7 +58,7 @@ class CallDispatcher:
         started = time.perf_counter()
 
         def done(slot: Any) -> None:
-            self.inflight -= 1
+            self._release()
             try:
                 outcome = self._finish(call, slot, principal, started)
             except Exception as exc:  # our bug: the call is answered -32603 rather than left hanging
@@ -91,7 +103,7 @@ class CallDispatcher:
         """The client cancelled: no outcome follows for ``call``; its worker is stopped."""
         if handle is None or handle.finished:
             return
-        self.inflight -= 1
+        self._release()
         self.stats["calls"] += 1
         self._hook(call, principal, "cancelled", time.perf_counter())
         call.entry.runner.withdraw(handle)

@@ -124,13 +124,26 @@ def import_watchfiles() -> Any:
     return watchfiles
 
 
+def _absolute(paths: list[str]) -> list[str]:
+    return [os.path.abspath(p) for p in paths]
+
+
+def _present(folders: list[str]) -> list[str]:
+    return [f for f in folders if os.path.isdir(f)]
+
+
+def _a_watched_folder_went_away(changes: Any, watched: set[str], trees: list[str]) -> bool:
+    """A change to a watched folder itself, or a tree root gone: that tree's watch is dead."""
+    return any(os.path.abspath(path) in watched for _, path in changes) or any(not os.path.isdir(r) for r in trees)
+
+
 async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
     """Reload whenever files under the plugin folders change (debounced), and keep watching when a
     folder disappears, reappears or is replaced (or is missing at start and appears later)."""
     watchfiles = import_watchfiles()
     if watchfiles is None:
         return
-    folders = [os.path.abspath(p) for p in daemon.config.plugins]
+    folders = _absolute(daemon.config.plugins)
     watched = set(folders)
 
     def wanted(change: Any, path: str) -> bool:
@@ -151,8 +164,7 @@ async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
             async for changes in watchfiles.awatch(*trees, watch_filter=wanted, debounce=debounce_ms,
                                                    step=WATCH_STEP_MS, rust_timeout=250, recursive=True,
                                                    ignore_permission_denied=True):
-                if any(os.path.abspath(path) in watched or not os.path.isdir(root)
-                       for _, path in changes for root in trees):
+                if _a_watched_folder_went_away(changes, watched, trees):
                     rearm.set()  # a watched folder itself went away: its watch is dead
                     return
                 log("reload_requested", trigger="watch", changed=len(changes))
@@ -171,8 +183,8 @@ async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
             nursery.start_soon(watch_anchors)
             await rearm.wait()
             nursery.cancel_scope.cancel()
-        log("watch_rearmed", folders=[f for f in folders if os.path.isdir(f)],
-            missing=[f for f in folders if not os.path.isdir(f)])
+        present = _present(folders)
+        log("watch_rearmed", folders=present, missing=[f for f in folders if f not in present])
         log("reload_requested", trigger="watch", changed="folder replaced")
         await daemon.reload()
 

@@ -26,8 +26,7 @@ async def _answer_calls_at_grace_end(daemon: Any, shutdown: trio.Event, grace_s:
     every transport, while their connections are still open to carry the answer."""
     await shutdown.wait()
     with trio.move_on_after(max(0.0, grace_s - min(0.5, grace_s / 4))):
-        while daemon.inflight > 0:
-            await trio.sleep(0.05)
+        await daemon.calls.wait_idle()
     if daemon.inflight > 0:
         logs.log("shutdown_calls_stopped", level="warning", calls=daemon.inflight)
         daemon.abort_calls("the server is shutting down")

@@ -76,7 +76,7 @@ class PluginLoadError(Exception):
 class Worker:
     """One worker process and its IPC socket (used raw: trio only waits for readiness)."""
 
-    __slots__ = ("proc", "raw", "buf", "pid", "ready", "dead", "scratch", "max_frame", "calls", "layers",
+    __slots__ = ("output_done", "proc", "raw", "buf", "pid", "ready", "dead", "scratch", "max_frame", "calls", "layers",
                  "output_tail", "exited", "pending", "out", "out_wake", "sending", "token", "egress", "fds", "oom_seen")
 
     def __init__(self, proc: trio.Process, raw: socket.socket, scratch: str, max_frame: int) -> None:
@@ -93,6 +93,8 @@ class Worker:
         #: The last few KiB the worker printed (shown when it fails to start).
         self.output_tail = b""
         self.exited = trio.Event()
+        #: Set once everything the worker printed has been relayed (its output pipe is at EOF).
+        self.output_done = trio.Event()
         #: Calls sent to this worker and not yet answered, in the order it runs them.
         self.pending: collections.deque[Slot] = collections.deque()
         self.out: list[bytes] = []
@@ -239,6 +241,7 @@ class WorkerPool:
         self.limit_kills = 0
         self.start_failures = 0
         self.in_flight = 0
+        self._drain_event: trio.Event | None = None
         self._next_call_id = 0
         self._max_frame = self.limits.max_output_bytes + _FRAME_OVERHEAD
         #: The plugin's network grant, enforced by each worker's egress proxy (the manifest check parsed it).
@@ -537,7 +540,7 @@ class WorkerPool:
         slot.abandoned = True
         try:
             self.queue.remove(slot)
-            self.in_flight -= 1
+            self._release()
             slot.finish()
             return
         except ValueError:
@@ -550,8 +553,19 @@ class WorkerPool:
         elif not owner.write(wire.encode_frame(wire.CancelCall(slot.call.id))):
             self._fail_worker(owner, WorkerFailure("crashed", "the worker process exited unexpectedly"))
 
-    def _complete(self, slot: Slot) -> None:
+    async def _drained(self) -> None:
+        """Wait until no call given to this pool is left (queued, sent or running)."""
+        while self.in_flight:
+            self._drain_event = trio.Event()
+            await self._drain_event.wait()
+
+    def _release(self) -> None:
         self.in_flight -= 1
+        if not self.in_flight and self._drain_event is not None:
+            self._drain_event.set()
+
+    def _complete(self, slot: Slot) -> None:
+        self._release()
         if slot.error is not None and slot.error.kind in LIMIT_KINDS:
             self.limit_kills += 1
         slot.finish()
@@ -767,6 +781,7 @@ class WorkerPool:
         logged = 0
         stdout = worker.proc.stdout
         if stdout is None:
+            worker.output_done.set()
             return
         try:
             while True:
@@ -784,6 +799,7 @@ class WorkerPool:
                     if logged >= _MAX_LOGGED_OUTPUT:
                         log("plugin_output_capped", plugin=self.name, pid=worker.pid, cap_bytes=_MAX_LOGGED_OUTPUT)
         finally:
+            worker.output_done.set()
             with trio.CancelScope(shield=True):
                 await stdout.aclose()
 
@@ -799,8 +815,7 @@ class WorkerPool:
                     await worker.proc.wait()
                 worker.exited.set()
                 with trio.move_on_after(0.5):  # let the last output drain, then stop listening
-                    while worker.proc.stdout is not None and nursery.child_tasks:
-                        await trio.sleep(0.05)
+                    await worker.output_done.wait()
                 nursery.cancel_scope.cancel()
         finally:
             worker.exited.set()
@@ -823,8 +838,7 @@ class WorkerPool:
         """Let every call already given to this pool finish (each within its deadline), then close."""
         self.retiring = True
         try:
-            while self.in_flight and not self.closed:
-                await trio.sleep(0.02)
+            await self._drained()
         finally:
             with trio.CancelScope(shield=True):
                 await self.aclose(grace_s=0)
@@ -834,8 +848,7 @@ class WorkerPool:
         self.closed = True
         self._fail_queue(WorkerFailure("unavailable", f"plugin {self.name} was unloaded"))
         with trio.move_on_after(grace_s):
-            while self.in_flight:
-                await trio.sleep(0.01)
+            await self._drained()
         for worker in list(self.workers):
             self._fail_worker(worker, WorkerFailure("unavailable", f"plugin {self.name} was unloaded"), requeue=False)
         self.idle.clear()

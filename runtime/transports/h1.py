@@ -502,6 +502,8 @@ class H1Server:
         self.app = app
         self.cfg = cfg
         self.connections: set[_Connection] = set()
+        #: Set when the last connection closes (shutdown waits on it, within its grace).
+        self._all_closed = trio.Event()
         self.stopping = False
 
     async def _accept_loop(self, listener: trio.socket.SocketType, nursery: trio.Nursery) -> None:
@@ -550,6 +552,8 @@ class H1Server:
             await conn.serve(self.app)
         finally:
             self.connections.discard(conn)
+            if not self.connections:
+                self._all_closed.set()
 
     async def serve(self, sockets: list[socket.socket], shutdown_trigger: Callable[[], Awaitable[None]],
                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -572,9 +576,10 @@ class H1Server:
             for conn in list(self.connections):
                 if conn.idle:
                     conn.scope.cancel()
-            deadline = trio.current_time() + self.cfg.shutdown_grace_s
-            while self.connections and trio.current_time() < deadline:
-                await trio.sleep(0.05)
+            with trio.move_on_after(self.cfg.shutdown_grace_s):
+                while self.connections:
+                    self._all_closed = trio.Event()
+                    await self._all_closed.wait()
             if self.connections:
                 log("http_shutdown_cut", level="warning", connections=len(self.connections))
             conns.cancel_scope.cancel()
