@@ -134,3 +134,21 @@ def test_no_module_of_the_daemon_or_the_worker_side_imports_in_a_circle() -> Non
     for node in sorted(graph):
         if node not in state:
             visit(node)
+
+
+def test_the_readme_layout_names_every_module_of_the_daemon_and_the_worker_side() -> None:
+    """A newcomer finds every room in one look: each module of runtime/ and sandbox/ is in the table."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout"):]
+    missing = []
+    for path in sources("runtime") + sources("sandbox"):
+        if path.name == "__init__.py":
+            continue
+        rel = path.relative_to(REPO)
+        name = path.stem
+        inside = rel.parts[1:-1]  # e.g. ("protocol",) or ("isolation",)
+        named = (f"`{'/'.join(inside + (path.name,))}`" in layout or f"`{path.name}`" in layout
+                 or (inside == ("isolation",) and f"`{name}`" in layout))
+        if not named:
+            missing.append(str(rel))
+    assert not missing, f"README's Layout does not name: {missing}"

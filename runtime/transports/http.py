@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import math
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -245,7 +244,7 @@ class HttpApp:
             id_bytes = rpc.encode_id(env.id)
         rate = principal.rate or self.cfg.principal_rate
         if rate is not None:
-            wait = self.limiter.take(("principal", principal.name), rate, time.monotonic())
+            wait = self.limiter.take(("principal", principal.name), rate, trio.current_time())
             if wait > 0:
                 self.rate_limited["principal"] += 1
                 self._audit_refused(env, principal, "rate_limited")
@@ -340,7 +339,7 @@ class HttpApp:
             return await self._refuse(r, session, id_bytes, modern=False)
         conn = session.conn
         session.busy += 1
-        session.last_seen = time.monotonic()
+        session.last_seen = trio.current_time()
         try:
             action = conn.run(conn.parse(env))
             if type(action) is ToolCall:
@@ -348,7 +347,7 @@ class HttpApp:
             return await self._answer(r, conn.dispatch(action, _NOWHERE), modern=False)
         finally:
             session.busy -= 1
-            session.last_seen = time.monotonic()
+            session.last_seen = trio.current_time()
 
     async def _initialize(self, r: Responder, principal: Principal, env: rpc.Envelope) -> None:
         state = ConnState()
@@ -357,7 +356,7 @@ class HttpApp:
         if action.error_code is not None or action.data is None:
             status = status_of_code(action.error_code, modern=False) if action.error_code is not None else 200
             return await r.body(status, action.data or b"")
-        session = self.sessions.create(principal, state, time.monotonic())
+        session = self.sessions.create(principal, state, trio.current_time())
         if session is None:
             return await self._refuse(r, ServerBusy("Service Unavailable: too many sessions; retry later", None),
                                       rpc.encode_id(env.id), [(b"retry-after", b"5")], modern=False)
@@ -391,7 +390,7 @@ class HttpApp:
             await r.body(200, data)
         finally:
             session.busy -= 1
-            session.last_seen = time.monotonic()
+            session.last_seen = trio.current_time()
 
     # -- tool calls (both eras) ----------------------------------------------------------------
 
@@ -415,7 +414,7 @@ class HttpApp:
         rate = cfg.tool_rates.get(call.entry.name) or cfg.tool_rate
         if rate is None:
             return None
-        wait = self.limiter.take(("tool", call.entry.name), rate, time.monotonic())
+        wait = self.limiter.take(("tool", call.entry.name), rate, trio.current_time())
         if wait <= 0:
             return None
         self.rate_limited["tool"] += 1
@@ -534,7 +533,7 @@ class HttpApp:
             self.streams -= 1
             if session.stream is stream:
                 session.stream = None
-            session.last_seen = time.monotonic()
+            session.last_seen = trio.current_time()
 
     async def _delete(self, r: Responder, headers: RequestHeaders, principal: Principal) -> None:
         session = self._session_for(headers, principal)
@@ -625,7 +624,7 @@ class HttpApp:
         period = max(0.05, min(60.0, self.cfg.session_idle_s / 4))
         while True:
             await trio.sleep(period)
-            for session in self.sessions.expire(time.monotonic()):
+            for session in self.sessions.expire(trio.current_time()):
                 log("http_session_expired", principal=session.principal.name)
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from runtime.http_config import HttpConfig
 from runtime.transports.h1 import H1Server
@@ -121,8 +122,8 @@ class Client:
         self.buf += chunk
         return bool(chunk)
 
-    async def response(self, is_head: bool = False) -> tuple[int, dict[bytes, bytes], bytes]:
-        with trio.fail_after(5):
+    async def response(self, is_head: bool = False, within_s: float = 5.0) -> tuple[int, dict[bytes, bytes], bytes]:
+        with trio.fail_after(within_s):
             while b"\r\n\r\n" not in self.buf:
                 if not await self._fill():
                     raise EOFError(f"closed before a response head: {self.buf!r}")
@@ -156,9 +157,9 @@ class Client:
             body, self.buf = self.buf[:length], self.buf[length:]
             return status, headers, body
 
-    async def closed(self) -> bool:
-        """True when the server closes the connection (EOF) within 5 s."""
-        with trio.move_on_after(5):
+    async def closed(self, within_s: float = 5.0) -> bool:
+        """True when the server closes the connection (EOF) within ``within_s``."""
+        with trio.move_on_after(within_s):
             try:
                 while await self._fill():
                     pass
@@ -329,15 +330,18 @@ async def test_a_client_disconnect_reaches_the_app() -> None:
             await srv.app.disconnected.wait()
 
 
-async def test_idle_connections_close_and_a_slow_head_gets_408() -> None:
-    async with running(idle_timeout_s=0.3) as srv:
+async def test_idle_connections_close_and_a_slow_head_gets_408(autojump_clock: trio.testing.MockClock) -> None:
+    # Virtual time: a 75-second keep-alive passes at once (loopback data is there before the clock jumps).
+    async with running(idle_timeout_s=75.0) as srv:
         async with client(srv) as c:
             await c.send(post(b"/a", b""))
             await c.response()
-            assert await c.closed()  # idle after the response: closed by the keep-alive timeout
+            assert await c.closed(within_s=120)  # idle after the response: closed by the keep-alive timeout
         async with client(srv) as c:
             await c.send(b"POST /slow-loris HTTP/1.1\r\nHost: x\r\n")  # and never the rest of the head
-            status, headers, _ = await c.response()
+            started = trio.current_time()
+            status, headers, _ = await c.response(within_s=120)
+            assert 75.0 <= trio.current_time() - started < 76.0
             assert status == 408 and headers[b"connection"] == b"close"
         assert srv.app.calls == 1
 
@@ -372,11 +376,11 @@ async def test_graceful_stop_finishes_the_request_in_flight_and_closes_idle_conn
 # -- edges found by fault injection ----------------------------------------------------------------
 
 
-async def test_bare_crlfs_do_not_keep_an_idle_connection_open() -> None:
-    async with running(idle_timeout_s=0.5) as srv:
+async def test_bare_crlfs_do_not_keep_an_idle_connection_open(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(idle_timeout_s=30.0) as srv:
         async with client(srv) as c:
             closed = False
-            with trio.move_on_after(3):
+            with trio.move_on_after(180):
                 while True:
                     try:
                         await c.send(b"\r\n")

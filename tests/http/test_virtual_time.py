@@ -1,0 +1,110 @@
+"""Timeouts, expiry and rate limits of the HTTP app on trio's virtual clock (``autojump_clock``).
+
+No socket and no process: the ASGI app is called in memory, and an hour of session idleness or a
+30-second body deadline passes in microseconds of real time. The clock is what is under test here,
+not the network (the socket-level tests are in test_h1.py and test_lockdown.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+import trio.testing
+
+from runtime.config import Config
+from runtime.daemon import Daemon
+from runtime.http_config import HttpConfig, RateLimit
+from runtime.transports.http import HttpApp
+
+JSON_HEADERS = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+                (b"accept", b"application/json, text/event-stream")]
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+
+
+@asynccontextmanager
+async def app_with(tmp_path: Any, **http: Any) -> AsyncIterator[HttpApp]:
+    """An HttpApp over a daemon with no plugins (nothing to start), its housekeeping running."""
+    config = Config(plugins=[str(tmp_path)], policy="none", watch=False, state_dir=str(tmp_path / "state"))
+    async with trio.open_nursery() as nursery:
+        daemon = Daemon(config, nursery)
+        daemon.publish()
+        daemon.ready = True
+        app = HttpApp(daemon, HttpConfig(**http))
+        nursery.start_soon(app.housekeeping)
+        try:
+            yield app
+        finally:
+            app.close()
+            nursery.cancel_scope.cancel()
+
+
+async def post(app: HttpApp, message: Any, headers: list[tuple[bytes, bytes]] | None = None,
+               body_arrives: bool = True) -> tuple[int, dict[bytes, bytes], Any]:
+    """One POST through the ASGI app, in memory. ``body_arrives=False``: the body never comes."""
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered and body_arrives:
+            delivered = True
+            return {"type": "http.request", "body": json.dumps(message).encode(), "more_body": False}
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(event: dict[str, Any]) -> None:
+        sent.append(event)
+
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": JSON_HEADERS + (headers or []),
+             "query_string": b"", "http_version": "1.1"}
+    await app(scope, receive, send)
+    start = next(e for e in sent if e["type"] == "http.response.start")
+    body = b"".join(e.get("body", b"") for e in sent if e["type"] == "http.response.body")
+    return start["status"], dict(start["headers"]), json.loads(body) if body else None
+
+
+async def test_an_idle_legacy_session_expires_after_session_idle_s_and_not_before(
+        tmp_path: Any, autojump_clock: trio.testing.MockClock) -> None:
+    async with app_with(tmp_path, session_idle_s=3600.0) as app:
+        status, headers, _ = await post(app, INIT)
+        assert status == 200
+        sid = headers[b"mcp-session-id"]
+        await trio.sleep(1800)  # half an hour of virtual time: still there, and this use resets the clock
+        status, _, body = await post(app, LIST, [(b"mcp-session-id", sid)])
+        assert status == 200 and body["result"]["tools"] == []
+        await trio.sleep(3000)
+        assert (await post(app, LIST, [(b"mcp-session-id", sid)]))[0] == 200
+        await trio.sleep(3600 + 3600 / 4 + 1)  # idle for longer than session_idle_s (plus one sweep)
+        status, _, body = await post(app, LIST, [(b"mcp-session-id", sid)])
+        assert status == 404 and body["error"]["code"] == -32001
+        assert len(app.sessions) == 0
+
+
+async def test_a_principal_over_its_rate_limit_waits_exactly_until_its_next_token(
+        tmp_path: Any, autojump_clock: trio.testing.MockClock) -> None:
+    async with app_with(tmp_path, principal_rate=RateLimit(per_s=0.5, burst=2)) as app:
+        assert (await post(app, INIT))[0] == 200
+        assert (await post(app, INIT))[0] == 200
+        status, headers, body = await post(app, INIT)
+        assert status == 429 and headers[b"retry-after"] == b"2"
+        assert body["error"]["code"] == -31003 and body["error"]["data"]["retryAfterMs"] == 2000
+        await trio.sleep(1.9)
+        assert (await post(app, INIT))[0] == 429
+        await trio.sleep(0.2)  # 2 s after the burst was spent: one token
+        assert (await post(app, INIT))[0] == 200
+        assert app.rate_limited["principal"] == 2
+
+
+async def test_a_body_that_never_arrives_gets_408_at_body_timeout_s(
+        tmp_path: Any, autojump_clock: trio.testing.MockClock) -> None:
+    async with app_with(tmp_path, body_timeout_s=30.0) as app:
+        start = trio.current_time()
+        status, headers, _ = await post(app, INIT, body_arrives=False)
+        assert status == 408 and headers[b"connection"] == b"close"
+        assert 30.0 <= trio.current_time() - start < 30.1
