@@ -15,9 +15,12 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
+
+from runtime import declared_bounds
 
 from runtime.http_config import HttpConfig, check_http_config
 
@@ -48,21 +51,21 @@ def default_state_dir() -> str:
 
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     plugins: list[str] = msgspec.field(default_factory=lambda: [str(BUNDLED_PLUGINS)])
-    policy: str = "strict"
-    page_size: int = 100
-    list_ttl_ms: int = 60_000
-    max_message_bytes: int = 16 * 1024 * 1024
+    policy: Literal["strict", "compat", "none"] = "strict"
+    page_size: Annotated[int, Meta(ge=1, le=10_000)] = 100
+    list_ttl_ms: Annotated[int, Meta(ge=0)] = 60_000
+    max_message_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 16 * 1024 * 1024
     #: Calls running or queued at once across all plugins and clients.
-    max_inflight: int = 4096
-    log_level: str = "info"
+    max_inflight: Annotated[int, Meta(ge=1)] = 4096
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
     state_dir: str = msgspec.field(default_factory=default_state_dir)
     #: Pre-started workers per plugin (each plugin may grow to its max_concurrency).
-    min_workers: int = 1
+    min_workers: Annotated[int, Meta(ge=0, le=64)] = 1
     instructions: str | None = None
     #: Hot reload: watch the plugin folders for changes (SIGHUP and `toolcell reload` always work).
     watch: bool = True
     #: Changes closer together than this are one reload (an editor saving several files).
-    reload_debounce_ms: int = 150
+    reload_debounce_ms: Annotated[int, Meta(ge=10, le=60_000)] = 150
     #: The HTTP transport: listeners, Host/Origin allowlists, tokens, limits (see runtime.http_config).
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
 
@@ -72,25 +75,8 @@ class ConfigError(Exception):
 
 
 def check_config(cfg: Config) -> list[str]:
-    problems = []
-    if cfg.policy not in ("strict", "compat", "none"):
-        problems.append(f"policy {cfg.policy!r}: use strict, compat or none")
-    if not 1 <= cfg.page_size <= 10_000:
-        problems.append("page_size must be between 1 and 10000")
-    if cfg.list_ttl_ms < 0:
-        problems.append("list_ttl_ms must be >= 0")
-    if not 1024 <= cfg.max_message_bytes <= 1 << 30:
-        problems.append("max_message_bytes must be between 1 KiB and 1 GiB")
-    if cfg.log_level not in ("debug", "info", "warning", "error"):
-        problems.append("log_level must be debug, info, warning or error")
-    if not 0 <= cfg.min_workers <= 64:
-        problems.append("min_workers must be between 0 and 64")
-    if cfg.max_inflight < 1:
-        problems.append("max_inflight must be >= 1")
-    if not 10 <= cfg.reload_debounce_ms <= 60_000:
-        problems.append("reload_debounce_ms must be between 10 and 60000")
-    problems.extend(check_http_config(cfg.http))
-    return problems
+    """Problems the field declarations cannot state (bounds and choices are declared on the fields)."""
+    return check_http_config(cfg.http)
 
 
 def load_config(path: str | None, overrides: dict[str, Any]) -> Config:
@@ -104,6 +90,9 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> Config:
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     raw.update({k: v for k, v in overrides.items() if v is not None})
+    bounds = declared_bounds.problems(raw, Config)
+    if bounds:
+        raise ConfigError(f"{path or 'config'}: " + "; ".join(bounds))
     try:
         cfg = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:

@@ -24,7 +24,7 @@ treats anything else as the plugin misbehaving.
 from __future__ import annotations
 
 import struct
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 
@@ -34,23 +34,26 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
 class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Per-plugin resource limits (also the ``[limits]`` table of a manifest)."""
+    """Per-plugin resource limits (also the ``[limits]`` table of a manifest). Bounds are declared
+    on the fields (``runtime.declared_bounds`` words a manifest's violations)."""
 
-    timeout_s: float = 30.0
-    memory_mb: int = 512
-    cpu_s: int = 60
-    max_concurrency: int = 4
-    max_output_bytes: int = 1024 * 1024
-    max_open_files: int = 256
-    max_file_size_mb: int = 64
-    max_queue: int = 256
-    #: Processes and threads of the worker, itself included (cgroup ``pids.max``, RLIMIT_NPROC).
-    max_processes: int = 64
+    timeout_s: Annotated[float, msgspec.Meta(ge=0.001, le=86400)] = 30.0
+    memory_mb: Annotated[int, msgspec.Meta(ge=16, le=1 << 20)] = 512
+    cpu_s: Annotated[int, msgspec.Meta(ge=1, le=86400)] = 60
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 4
+    max_output_bytes: Annotated[int, msgspec.Meta(ge=1024, le=256 << 20)] = 1024 * 1024
+    max_open_files: Annotated[int, msgspec.Meta(ge=16, le=65536)] = 256
+    max_file_size_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 64
+    max_queue: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = 256
+    #: Processes and threads of the worker, itself included (cgroup ``pids.max``, RLIMIT_NPROC). A
+    #: worker is two processes (its reaper outside the pid namespace, and pid 1) before any fork; a
+    #: per_call zygote keeps a relay and a warm call process besides the running one.
+    max_processes: Annotated[int, msgspec.Meta(ge=8, le=4096)] = 64
     #: Progress and log notifications relayed to the client per call; later ones are dropped.
     #: Their bytes also count against ``max_output_bytes`` (the call's one budget for all it sends).
-    max_notifications: int = 1000
+    max_notifications: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 1000
     #: Largest single progress or log notification (as sent by the worker); a larger one is truncated.
-    max_notification_bytes: int = 64 * 1024
+    max_notification_bytes: Annotated[int, msgspec.Meta(ge=256, le=16 << 20)] = 64 * 1024
 
 
 class Permissions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -149,11 +149,20 @@ def test_tokens_are_matched_by_hash_and_scopes_pick_tools() -> None:
     assert Authenticator(HttpConfig()).authenticate(None) is not None  # no tokens: authentication is off
 
 
-def test_the_http_config_is_checked() -> None:
-    bad = HttpConfig(path="mcp", tokens=[Token(principal="", sha256="nothex")], max_body_bytes=0,
-                     principal_rate=RateLimit(per_s=0), metrics_listen="::1:2", engine="nginx", max_connections=0)
-    problems = " ".join(check_http_config(bad))
-    for fragment in ("http.path", "sha256", "principal must not be empty", "max_body_bytes", "principal_rate",
-                     "metrics_listen", "http.engine 'nginx'", "max_connections"):
-        assert fragment in problems
+def test_the_http_config_is_checked_and_every_problem_is_reported_at_once() -> None:
+    from runtime.config import ConfigError, load_config
+
+    bad = {"path": "mcp", "tokens": [{"principal": "", "sha256": "nothex"}], "max_body_bytes": 0,
+           "principal_rate": {"per_s": 0}, "metrics_listen": "::1:2", "engine": "nginx", "max_connections": 0}
+    # Bounds and choices are declared on the fields and reported together, before the semantic checks.
+    with pytest.raises(ConfigError) as declared:
+        load_config(None, {"http": bad})
+    for fragment in ("http.max_body_bytes = 0: must be > 0", "http.principal_rate.per_s = 0: must be > 0",
+                     "http.engine 'nginx'", "http.max_connections = 0"):
+        assert fragment in str(declared.value)
+    semantic = {k: v for k, v in bad.items() if k in ("path", "tokens", "metrics_listen")}
+    with pytest.raises(ConfigError) as checked:
+        load_config(None, {"http": semantic})
+    for fragment in ("http.path", "sha256", "principal must not be empty", "metrics_listen"):
+        assert fragment in str(checked.value)
     assert check_http_config(HttpConfig()) == []

@@ -1,0 +1,95 @@
+"""Bounds declared on config fields, reported all at once.
+
+Config Structs (the daemon's ``Config``, ``HttpConfig``, a manifest's ``Limits``) declare their
+bounds and choices on the fields themselves, as ``Annotated[int, msgspec.Meta(ge=…, le=…)]`` and
+``Literal[…]``; msgspec enforces them when it converts. msgspec stops at the first violation,
+though, and a person fixing a config file wants every problem in one go, so ``problems`` walks the
+raw TOML data against the same declarations first and words each violation. Nothing here knows a
+particular field: a new bound is written once, on its field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import msgspec.inspect as mi
+
+
+def problems(raw: Any, struct: type[msgspec.Struct], prefix: str = "") -> list[str]:
+    """Every declared bound or choice that ``raw`` (decoded TOML) violates, as readable sentences."""
+    out: list[str] = []
+    _walk(raw, mi.type_info(struct), prefix, out)
+    return out
+
+
+def _walk(value: Any, info: mi.Type, path: str, out: list[str]) -> None:
+    if isinstance(info, mi.StructType):
+        if not isinstance(value, dict):
+            return
+        for field in info.fields:
+            if field.encode_name in value:
+                name = f"{path}.{field.encode_name}" if path else field.encode_name
+                _walk(value[field.encode_name], field.type, name, out)
+    elif isinstance(info, mi.UnionType):
+        for member in info.types:
+            if _matches(value, member):
+                _walk(value, member, path, out)
+                return
+    elif isinstance(info, mi.DictType):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _walk(item, info.value_type, f"{path}.{key}", out)
+    elif isinstance(info, (mi.ListType, mi.TupleType, mi.VarTupleType)):
+        item_type = getattr(info, "item_type", None)
+        if isinstance(value, list) and item_type is not None:
+            for i, item in enumerate(value):
+                _walk(item, item_type, f"{path}[{i}]", out)
+    elif isinstance(info, (mi.IntType, mi.FloatType)):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            problem = _out_of_bounds(value, info)
+            if problem:
+                out.append(f"{path} = {value}: {problem}")
+    elif isinstance(info, mi.LiteralType):
+        if value not in info.values or type(value) is not type(info.values[0]):
+            choices = [str(v) for v in info.values]
+            listed = ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
+            out.append(f"{path} {value!r}: use {listed}")
+
+
+def _matches(value: Any, info: mi.Type) -> bool:
+    """Whether ``value`` is of the kind ``info`` describes (to pick a union's member)."""
+    if isinstance(info, mi.NoneType):
+        return value is None
+    if isinstance(info, mi.IntType):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(info, mi.FloatType):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(info, (mi.StructType, mi.DictType)):
+        return isinstance(value, dict)
+    if isinstance(info, (mi.ListType, mi.TupleType, mi.VarTupleType)):
+        return isinstance(value, list)
+    if isinstance(info, mi.LiteralType):
+        return True
+    return False
+
+
+def _out_of_bounds(value: float, info: mi.IntType | mi.FloatType) -> str | None:
+    low = info.ge if info.ge is not None else info.gt
+    high = info.le if info.le is not None else info.lt
+    too_low = (info.ge is not None and value < info.ge) or (info.gt is not None and value <= info.gt)
+    too_high = (info.le is not None and value > info.le) or (info.lt is not None and value >= info.lt)
+    if not (too_low or too_high):
+        return None
+    if info.ge is not None and info.le is not None:
+        return f"must be between {_fmt(info.ge)} and {_fmt(info.le)}"
+    words = []
+    if low is not None:
+        words.append(f"{'>=' if info.ge is not None else '>'} {_fmt(low)}")
+    if high is not None:
+        words.append(f"{'<=' if info.le is not None else '<'} {_fmt(high)}")
+    return "must be " + " and ".join(words)
+
+
+def _fmt(bound: float) -> str:
+    return f"{bound:g}" if isinstance(bound, float) else str(bound)
