@@ -108,6 +108,14 @@ class CallDispatcher:
         self._hook(call, principal, "cancelled", time.perf_counter())
         call.entry.runner.withdraw(handle)
 
+    def answer(self, call: ToolCall, handle: Any, responses: list[wire.InputResponse], missing: str = "error",
+               why: str = "the client gave no answer") -> bool:
+        """Give a running call that asked its client something the answers (see ``WorkerPool.answer``)."""
+        if handle is None or handle.finished:
+            return False
+        answered: bool = call.entry.runner.answer(handle, responses, missing, why)
+        return answered
+
     def _finish(self, call: ToolCall, slot: Any, principal: str | None, started: float) -> Outcome:
         entry = call.entry
         self.stats["calls"] += 1
@@ -135,7 +143,18 @@ class CallDispatcher:
             box.append(outcome)
             event.set()
 
-        handle = self.start(call, principal, on_frame or (lambda _frame: None), on_outcome)
+        handles: list[Any] = []
+
+        def relay(frame: Any) -> None:
+            if type(frame) is wire.Ask:
+                # Nobody here can carry a question to the client (a batch member, ``toolcell call``).
+                self.answer(call, handles[0] if handles else None, [], "declined_capability",
+                            "this call cannot ask its client anything (it is part of a batch, or has no client)")
+            elif on_frame is not None:
+                on_frame(frame)
+
+        handle = self.start(call, principal, relay, on_outcome)
+        handles.append(handle)
         try:
             await event.wait()
         except trio.Cancelled:

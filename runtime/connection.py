@@ -10,6 +10,11 @@ flight and applies, in this one place, every conversation rule:
 * 2025-03-26 batches run their members concurrently and are answered as one array;
 * ``subscriptions/listen`` subscriptions and legacy ``notifications/tools/list_changed`` get the
   catalog's changes;
+* a tool that asks its client something (``sandbox.asking``) is heard through its call's sink:
+  a legacy client gets our requests there (only those it declared the capability for; the others
+  are answered "declined_capability" to the tool at once), and its responses, which arrive as
+  messages on this connection, go back to the waiting tool; a 2026-07-28 call is handed to
+  ``runtime.mrtr`` instead, which answers ``input_required``;
 * a ``tools/call`` answered without running is recorded for the audit log and metrics;
 * during shutdown new calls, listens and batches are refused (``ShuttingDown``), and at its end
   what is still running is answered with why it stopped.
@@ -31,12 +36,14 @@ import trio
 
 from runtime.daemon import Daemon
 from runtime.logs import log
+from runtime.protocol import eras
 from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.catalog import Catalog
 from runtime.protocol.core import (
     Action,
     Batch,
     Cancel,
+    ClientResponse,
     ConnState,
     Listen,
     Outcome,
@@ -118,6 +125,17 @@ class _Running:
     call: ToolCall
     sink: Sink
     handle: Any = None
+    #: The round of questions the tool waits on: answers so far, by key, and keys still open.
+    answers: dict[str, wire.InputResponse] | None = None
+    waiting: set[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    """A request of ours to the client, on behalf of a tool: whose, and which of its questions."""
+
+    running: _Running
+    key: str
 
 
 class Connection:
@@ -142,6 +160,11 @@ class Connection:
         self.catalog_view = catalog_view
         self.inflight: dict[Any, _Running] = {}
         self.listens: dict[Any, tuple[Listen, Sink]] = {}
+        #: Our requests to the client that await its response, by the id we gave them.
+        self.outgoing: dict[str, _Outgoing] = {}
+        self._next_server_id = 0
+        #: Set when the client can no longer answer our requests (why).
+        self.answers_closed: str | None = None
         #: Shutting down: calls, listens and batches that arrive now are refused (``ShuttingDown``).
         self.draining = False
         self._idle = trio.Event()
@@ -215,6 +238,9 @@ class Connection:
                 return Subscribed(action)
             case Batch():
                 return BatchStarted(action)
+            case ClientResponse():
+                self._client_response(action)
+                return Answered(None)
             case _:
                 assert_never(action)
 
@@ -236,16 +262,21 @@ class Connection:
         core = self.core
 
         def on_frame(frame: Any) -> None:
-            if type(frame) is wire.Progress:
+            kind = type(frame)
+            if kind is wire.Progress:
                 data = core.progress_notification(call, frame)
-            else:
+            elif kind is wire.Log:
                 data = core.log_notification(call, frame)
+            else:
+                self._ask(running, frame)
+                return
             if data is not None and self.inflight.get(call.request_id) is running:
                 sink.emit(data)
 
         def on_outcome(outcome: Outcome) -> None:
             if self.inflight.get(call.request_id) is running:
                 del self.inflight[call.request_id]
+                self._forget_questions(running)
                 sink.done(self.answer(call, outcome))
             if not self.inflight:
                 self._idle.set()
@@ -262,10 +293,86 @@ class Connection:
             log("plugin_bug", level="error", tool=entry.name, plugin=entry.plugin, problem=bug)
         return data
 
+    # -- a tool asks its client ---------------------------------------------------------------
+
+    def _ask(self, running: _Running, ask: wire.Ask) -> None:
+        """A running call's round of questions (the pool stopped its deadline until it is answered)."""
+        call = running.call
+        if self.inflight.get(call.request_id) is not running:
+            self.calls.answer(call, running.handle, [], "cancelled", "the request was cancelled")
+            return
+        if call.modern:
+            # 2026-07-28 has no server->client requests: the call ends in ``input_required``.
+            self._ask_modern(running, ask)
+            return
+        version = self.state.legacy_version or call.version
+        if self.answers_closed is not None:
+            self.calls.answer(call, running.handle, [], "cancelled", self.answers_closed)
+            return
+        answers: dict[str, wire.InputResponse] = {}
+        waiting: set[str] = set()
+        can_stream = getattr(running.sink, "can_stream", True)
+        for request in ask.requests:
+            why = eras.input_refusal(version, call.client_caps, request.method, request.params)
+            if why is None and not can_stream:
+                why = "the client's request cannot carry our requests (it does not accept text/event-stream)"
+            if why is not None:
+                answers[request.key] = wire.InputResponse(request.key, "declined_capability", message=why)
+                continue
+            self._next_server_id += 1
+            server_id = f"toolcell-{self._next_server_id}"
+            self.outgoing[server_id] = _Outgoing(running, request.key)
+            waiting.add(request.key)
+            running.sink.emit(self.core.server_request(server_id, request, version))
+        if not waiting:
+            self.calls.answer(call, running.handle, list(answers.values()))
+            return
+        running.answers = answers
+        running.waiting = waiting
+
+    def _ask_modern(self, running: _Running, ask: wire.Ask) -> None:
+        call = running.call
+        self.calls.answer(call, running.handle, [], "declined_capability",
+                          "this request cannot be asked anything")
+
+    def _client_response(self, response: ClientResponse) -> None:
+        """The client answered one of our requests: give the answer to the tool that asked."""
+        if not isinstance(response.request_id, str):
+            return
+        outgoing = self.outgoing.pop(response.request_id, None)
+        if outgoing is None:
+            return  # not ours, or late (the question timed out, the call ended): ignored
+        running = outgoing.running
+        if running.waiting is None or running.answers is None or outgoing.key not in running.waiting:
+            return
+        running.answers[outgoing.key] = self.core.read_client_response(response, outgoing.key)
+        running.waiting.discard(outgoing.key)
+        if not running.waiting:
+            answers = list(running.answers.values())
+            running.answers = running.waiting = None
+            self.calls.answer(running.call, running.handle, answers)
+
+    def stop_asking(self, reason: str) -> None:
+        """The client can no longer answer (its input ended): every question waiting on it is
+        answered "cancelled" now, instead of at its timeout, and so is every later one."""
+        self.answers_closed = reason
+        for running in list(self.inflight.values()):
+            if running.waiting is not None:
+                self._forget_questions(running)
+                self.calls.answer(running.call, running.handle, [], "cancelled", reason)
+
+    def _forget_questions(self, running: _Running) -> None:
+        if running.waiting is None:
+            return
+        for server_id in [k for k, v in self.outgoing.items() if v.running is running]:
+            del self.outgoing[server_id]
+        running.answers = running.waiting = None
+
     def cancel(self, request_id: Any) -> None:
         """The client cancelled ``request_id``: its call stops (worker included) or its listen ends."""
         running = self.inflight.pop(request_id, None)
         if running is not None:
+            self._forget_questions(running)
             self.calls.cancel(running.call, running.handle, self.principal)
             running.sink.cancelled()
             if not self.inflight:
@@ -309,6 +416,8 @@ class Connection:
                                 replies[i] = action.data
                             case Cancel():
                                 self.cancel(action.request_id)
+                            case ClientResponse():
+                                self._client_response(action)
                             case Listen() | Batch():  # the core never puts these in a batch
                                 pass
                             case _:

@@ -102,6 +102,29 @@ def check_log(msg: wire.Log) -> None:
     check_value(msg.data, "a log message's data")
 
 
+#: Most requests in one ``Ask`` round, and the longest key.
+MAX_ASK_REQUESTS = 16
+MAX_ASK_KEY = 64
+
+
+def check_ask(msg: wire.Ask) -> None:
+    """One round of questions: a few requests, each of a known method with a JSON params object
+    under a short unique key (the client sees the key in 2026-07-28 ``inputRequests``)."""
+    if not msg.requests:
+        raise FrameRejected("an Ask frame asks nothing")
+    if len(msg.requests) > MAX_ASK_REQUESTS:
+        raise FrameRejected(f"an Ask frame asks {len(msg.requests)} questions, over {MAX_ASK_REQUESTS} in one round")
+    keys = set()
+    for request in msg.requests:
+        if request.method not in wire.INPUT_METHODS:
+            raise FrameRejected(f"an Ask frame asks for {request.method[:64]!r}, which a tool cannot ask a client")
+        key = request.key
+        if not key or len(key) > MAX_ASK_KEY or not key.isascii() or not key.isprintable() or key in keys:
+            raise FrameRejected("an Ask frame's keys must be short, printable, ASCII and unique")
+        keys.add(key)
+        check_value(request.params, f"the params of {request.method}")
+
+
 def check_ready(msg: wire.Ready) -> None:
     """The free-form parts of tool definitions (schemas are checked again by ``runtime.protocol.schemas``)."""
     for spec in msg.tools:

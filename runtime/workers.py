@@ -186,7 +186,7 @@ class Slot:
     """One call on its way through a pool. ``on_done(slot)`` runs once, when it has an outcome."""
 
     __slots__ = ("call", "frame", "on_event", "on_done", "event", "result", "error", "deadline", "abandoned",
-                 "finished", "notes", "note_bytes", "notes_dropped")
+                 "finished", "notes", "note_bytes", "notes_dropped", "asking", "run_left_s", "asks")
 
     def __init__(self, call: wire.Call, on_event: Callable[[Any], None] | None,
                  on_done: Callable[[Slot], None] | None = None) -> None:
@@ -206,6 +206,12 @@ class Slot:
         self.notes = 0
         self.note_bytes = 0
         self.notes_dropped = 0
+        #: The round of questions the call waits on (``wire.Ask``), until the pool sends its ``Answer``.
+        self.asking: wire.Ask | None = None
+        #: What was left of the call's deadline when it asked (the deadline does not run meanwhile).
+        self.run_left_s = 0.0
+        #: Questions asked so far (``limits.max_asks``).
+        self.asks = 0
 
     def finish(self) -> None:
         if self.finished:
@@ -604,7 +610,12 @@ class WorkerPool:
             for worker in list(self.workers):
                 if worker.pending:
                     head = worker.pending[0]
-                    if head.deadline <= now:
+                    if head.deadline <= now and head.asking is not None:
+                        # A question that found no answer in time: the tool hears so and goes on.
+                        self.answer(head, [], "timeout",
+                                    f"the client did not answer within {_fmt_s(self.limits.ask_timeout_s)}")
+                        nearest = min(nearest, head.deadline)
+                    elif head.deadline <= now:
                         self._fail_worker(worker, WorkerFailure("timeout", f"timed out after {_fmt_s(self.limits.timeout_s)}"))
                     else:
                         nearest = min(nearest, head.deadline)
@@ -679,6 +690,8 @@ class WorkerPool:
                             self._make_available(worker)
                     elif (kind is wire.Progress or kind is wire.Log) and head is not None and msg.id == head.call.id:
                         self._relay(head, msg, len(raw_frame))
+                    elif kind is wire.Ask and head is not None and msg.id == head.call.id and head.asking is None:
+                        self._ask(head, msg)
                     else:
                         raise WorkerFailure("garbage", "the worker sent an unexpected frame")
                 if worker.dead:
@@ -700,6 +713,48 @@ class WorkerPool:
                 error=f"{type(exc).__name__}: {str(exc)[:300]}")
             if not worker.dead:
                 self._fail_worker(worker, WorkerFailure("garbage", "the daemon could not handle what the worker sent"))
+
+    def _ask(self, slot: Slot, msg: wire.Ask) -> None:
+        """The running call asks its client something: stop its deadline, hand the round to whoever
+        relays it (``on_event``), who answers with ``answer``; ``ask_timeout_s`` bounds the wait."""
+        worker_frames.check_ask(msg)
+        slot.asks += len(msg.requests)
+        limits = self.limits
+        if slot.asks > limits.max_asks:
+            raise WorkerFailure("asks", f"asked its client more than {limits.max_asks} questions (limits.max_asks)")
+        now = trio.current_time()
+        slot.run_left_s = max(0.0, slot.deadline - now)
+        slot.asking = msg
+        slot.deadline = now + limits.ask_timeout_s
+        if slot.on_event is None:
+            self.answer(slot, [], "cancelled", "the call is being cancelled")
+            return
+        slot.on_event(msg)
+
+    def answer(self, slot: Slot, responses: list[wire.InputResponse], missing: str = "error",
+               why: str = "the client gave no answer") -> bool:
+        """Send the running call the answers to its questions (one per key it asked; a key without
+        one gets outcome ``missing``). False if it is not waiting on them any more."""
+        ask = slot.asking
+        if ask is None or slot.finished:
+            return False
+        given = {r.key: r for r in responses}
+        ordered = [given.get(q.key) or wire.InputResponse(q.key, missing, message=why) for q in ask.requests]
+        worker = self._owner(slot)
+        if worker is None or not worker.pending or worker.pending[0] is not slot:
+            return False
+        slot.asking = None
+        slot.deadline = trio.current_time() + slot.run_left_s
+        self._watch_wake.set()
+        try:
+            frame = wire.encode_frame(wire.Answer(slot.call.id, ordered))
+        except (OverflowError, TypeError, ValueError) as exc:  # the client's answer cannot travel as msgpack
+            bad = f"the client's answer could not be passed to the tool ({type(exc).__name__})"
+            frame = wire.encode_frame(wire.Answer(slot.call.id, [wire.InputResponse(q.key, "error", message=bad)
+                                                                 for q in ask.requests]))
+        if not worker.write(frame):
+            self._fail_worker(worker, WorkerFailure("crashed", "the worker process exited unexpectedly"))
+        return True
 
     def _name_kill(self, worker: Worker, msg: wire.Result) -> wire.Result:
         """per_call: a call process SIGKILLed before it answered; say "out of memory" when the worker's

@@ -22,7 +22,9 @@ A tool is a plain typed function::
   ``resource_link``, ``embedded_text``, ``embedded_blob``, ``text``) or a list of them sends those;
   ``ToolResult`` gives full control.
 * Raising gives an ``isError`` result carrying the exception's message (never the traceback).
-* ``current()`` gives the running call's context: ``progress()`` and ``log()``.
+* ``current()`` gives the running call's context: ``progress()`` and ``log()``, and the questions a
+  tool may ask its client: ``elicit()``, ``elicit_url()``, ``sample()``, ``roots()``, ``ask()``
+  (``sandbox.asking``).
 
 This module runs inside the worker only; it never imports trio.
 """
@@ -38,6 +40,10 @@ from typing import Any, Callable
 
 import msgspec
 
+from sandbox import asking
+from sandbox.errors import ToolError
+from sandbox.json_schema import inline_refs
+
 __all__ = [
     "tool",
     "ToolError",
@@ -52,10 +58,6 @@ __all__ = [
     "embedded_blob",
     "TOOLS",
 ]
-
-
-class ToolError(Exception):
-    """Raise to fail a call with a message meant for the model (an ``isError`` result)."""
 
 
 @dataclasses.dataclass
@@ -128,14 +130,16 @@ def embedded_blob(uri: str, data: bytes | str, mime_type: str = "application/oct
 class CallContext:
     """The call being run. The worker installs one per call; ``current()`` returns it."""
 
-    __slots__ = ("call_id", "_send", "_want_progress", "_log_level", "_last_progress")
+    __slots__ = ("call_id", "_send", "_want_progress", "_log_level", "_last_progress", "_asker")
 
-    def __init__(self, call_id: int, send: Callable[[Any], None], want_progress: bool, log_level: int) -> None:
+    def __init__(self, call_id: int, send: Callable[[Any], None], want_progress: bool, log_level: int,
+                 exchange: Callable[[list[Any]], list[Any]] | None = None) -> None:
         self.call_id = call_id
         self._send = send
         self._want_progress = want_progress
         self._log_level = log_level
         self._last_progress: float | None = None
+        self._asker = asking.Asker(exchange)
 
     def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress. Sent only if the client asked for it; must increase."""
@@ -159,6 +163,38 @@ class CallContext:
         if self._log_level < 0 or severity < self._log_level:
             return
         self._send(Log(self.call_id, severity, data, logger))
+
+    # -- asking the client (``sandbox.asking``): each blocks until the answer comes ----------------
+
+    def elicit(self, message: str, schema: Any) -> asking.ElicitResult:
+        """Ask the user to fill in a form (``schema``: a msgspec Struct type or a JSON schema)."""
+        result: asking.ElicitResult = self._asker.ask([asking.Elicit(message, schema)])[0]
+        return result
+
+    def elicit_url(self, url: str, message: str, elicitation_id: str = "") -> asking.ElicitResult:
+        """Send the user to ``url`` (URL mode; only clients that declared ``elicitation.url``)."""
+        result: asking.ElicitResult = self._asker.ask([asking.ElicitUrl(url, message, elicitation_id)])[0]
+        return result
+
+    def sample(self, messages: Any, *, max_tokens: int = 1000, system_prompt: str | None = None,
+               temperature: float | None = None, stop_sequences: list[str] | None = None,
+               model_preferences: dict[str, Any] | None = None, include_context: str | None = None,
+               metadata: dict[str, Any] | None = None) -> asking.SamplingResult:
+        """Ask the client's model (``messages``: a string, or protocol messages)."""
+        request = asking.Sample(messages, max_tokens, system_prompt, temperature, stop_sequences, model_preferences,
+                                include_context, metadata)
+        result: asking.SamplingResult = self._asker.ask([request])[0]
+        return result
+
+    def roots(self) -> list[asking.Root]:
+        """The roots the client exposes."""
+        result: list[asking.Root] = self._asker.ask([asking.ListRoots()])[0]
+        return result
+
+    def ask(self, *requests: asking.Request) -> list[Any]:
+        """Several requests in one round (``asking.Elicit``, ``ElicitUrl``, ``Sample``, ``ListRoots``);
+        their values in order."""
+        return self._asker.ask(list(requests))
 
 
 _current: CallContext | None = None
@@ -233,50 +269,6 @@ def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     # Stop at the first section header such as "Returns:".
     description = re.split(r"\n\s*(Returns|Raises|Yields|Examples?):\s*\n", description)[0].strip()
     return description, params
-
-
-def inline_refs(schema: Any) -> Any:
-    """Inline local ``$ref``s of a msgspec-generated schema (some clients cannot follow them).
-
-    Recursive types cannot be inlined; those keep ``$defs`` and their ``$ref``s.
-    """
-    if not isinstance(schema, dict):
-        return schema
-    defs = schema.get("$defs", {})
-
-    def resolve(node: Any, stack: tuple[str, ...]) -> tuple[Any, bool]:
-        if isinstance(node, list):
-            items = [resolve(x, stack) for x in node]
-            return [x for x, _ in items], any(r for _, r in items)
-        if not isinstance(node, dict):
-            return node, False
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/$defs/"):
-            name = ref[len("#/$defs/") :]
-            if name in stack or name not in defs:
-                return node, True
-            target, recursive = resolve(defs[name], stack + (name,))
-            merged = dict(target)
-            for k, v in node.items():
-                if k not in ("$ref", "$defs"):
-                    merged[k] = resolve(v, stack)[0]
-            return merged, recursive
-        out: dict[str, Any] = {}
-        recursive = False
-        for k, v in node.items():
-            if k == "$defs":
-                continue
-            out[k], r = resolve(v, stack)
-            recursive = recursive or r
-        return out, recursive
-
-    result, recursive = resolve(schema, ())
-    if recursive and defs:
-        result["$defs"] = defs
-    result.pop("title", None)
-    if result.get("required") == []:
-        del result["required"]
-    return result
 
 
 def _is_structured(tp: Any) -> bool:

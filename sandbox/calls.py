@@ -37,12 +37,13 @@ def _to_content(value: Any) -> list[dict[str, Any]]:
     return [{"type": "text", "text": _json.encode(value).decode()}]
 
 
-def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any) -> Result:
-    """Run one call and build its result. Never raises."""
+def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: Any = None) -> Result:
+    """Run one call and build its result. Never raises. ``exchange(requests) -> responses`` sends
+    an ``Ask`` round and blocks for its ``Answer`` (None: this call cannot ask)."""
     tdef = tools.get(call.tool)
     if tdef is None:
         return Result(call.id, [{"type": "text", "text": f"Unknown tool: {call.tool}"}], is_error=True)
-    api._set_current(api.CallContext(call.id, send, call.progress, call.log_level))
+    api._set_current(api.CallContext(call.id, send, call.progress, call.log_level, exchange))
     try:
         if tdef.args_type is not None:
             try:

@@ -15,7 +15,12 @@ Conversation:
    worker runs them one at a time, in order, and answers each with zero or more ``Progress`` / ``Log``
    frames followed by exactly one ``Result`` (results of a batch may arrive in one write). A
    ``CancelCall`` for a call that has not started makes the worker answer it at once, unrun.
-4. daemon -> worker: ``Shutdown`` (or the daemon simply kills it).
+4. A running call may need input from the client (a tool that asks: ``sandbox.asking``): the worker
+   sends one ``Ask`` frame (a round of ``InputRequest``s, each under a key unique within the call)
+   and blocks until the daemon sends the matching ``Answer`` (one ``InputResponse`` per key: the
+   client's result, or why there is none). The daemon relays the requests to the client in the
+   form the client's protocol revision uses; the call's deadline does not run while it waits.
+5. daemon -> worker: ``Shutdown`` (or the daemon simply kills it).
 
 Frames from a worker are untrusted: the daemon decodes them with a size cap and strict types and
 treats anything else as the plugin misbehaving.
@@ -54,6 +59,12 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_notifications: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 1000
     #: Largest single progress or log notification (as sent by the worker); a larger one is truncated.
     max_notification_bytes: Annotated[int, msgspec.Meta(ge=256, le=16 << 20)] = 64 * 1024
+    #: How long a call that asked its client something (``sandbox.asking``) waits for the answer;
+    #: its ``timeout_s`` does not run meanwhile. A 2026-07-28 call parked for its client's retry
+    #: waits at most this long too.
+    ask_timeout_s: Annotated[float, msgspec.Meta(ge=0.01, le=86400)] = 300.0
+    #: Questions one call may ask its client in all (0: its tools may not ask).
+    max_asks: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 64
 
 
 class Permissions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -108,7 +119,31 @@ class Shutdown(msgspec.Struct, tag="shutdown", frozen=True, array_like=True):
     pass
 
 
-ToWorker = Union[Init, Call, CancelCall, Shutdown]
+#: What a tool may ask a client for (the legacy server->client requests; MRTR ``inputRequests``).
+INPUT_METHODS = ("elicitation/create", "sampling/createMessage", "roots/list")
+#: Why an ``InputResponse`` carries no result.
+ANSWER_OUTCOMES = ("result", "declined_capability", "error", "timeout", "cancelled")
+
+
+class InputResponse(msgspec.Struct, frozen=True, array_like=True):
+    """The answer to one ``InputRequest``: ``outcome`` "result" (``result`` is the client's result
+    object), "declined_capability" (the client did not declare the capability), "error" (the client
+    answered with an error: ``message``), "timeout" (no answer in time) or "cancelled"."""
+
+    key: str
+    outcome: str
+    result: Any = None
+    message: str = ""
+
+
+class Answer(msgspec.Struct, tag="answer", frozen=True, array_like=True):
+    """The answers to the running call's ``Ask``, one per key it asked."""
+
+    id: int
+    responses: list[InputResponse]
+
+
+ToWorker = Union[Init, Call, CancelCall, Shutdown, Answer]
 
 
 class ToolSpec(msgspec.Struct, frozen=True):
@@ -175,7 +210,24 @@ class Result(msgspec.Struct, tag="result", frozen=True, array_like=True):
     killed: bool = False
 
 
-FromWorker = Union[Ready, LoadFailed, Progress, Log, Result, EgressListener]
+class InputRequest(msgspec.Struct, frozen=True, array_like=True):
+    """One thing a tool asks the client for: ``method`` is one of ``INPUT_METHODS``, ``params`` its
+    params as the 2025-11-25 revision words them. ``key`` is unique within the call (the worker
+    numbers them in order, so a call run again from the start asks under the same keys)."""
+
+    key: str
+    method: str
+    params: dict[str, Any]
+
+
+class Ask(msgspec.Struct, tag="ask", frozen=True, array_like=True):
+    """The running call needs input: one round of requests; the call waits for the ``Answer``."""
+
+    id: int
+    requests: list[InputRequest]
+
+
+FromWorker = Union[Ready, LoadFailed, Progress, Log, Result, EgressListener, Ask]
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 

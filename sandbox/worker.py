@@ -30,6 +30,8 @@ from sandbox import api
 from sandbox.call_guard import LEFTOVER_EXIT, CallGuard
 from sandbox.calls import encode_result, run_call
 from sandbox.wire import (
+    Answer,
+    Ask,
     Call,
     CancelCall,
     Init,
@@ -144,6 +146,27 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
         flush()
         chan.send(m)
 
+    def exchange_for(call: Call) -> Any:
+        def exchange(requests: list[Any]) -> list[Any]:
+            """Ask the daemon, block until its ``Answer`` for this call; frames that arrive meanwhile
+            (more calls, cancels of queued ones) are absorbed as usual."""
+            flush()
+            chan.send(Ask(call.id, requests))
+            while True:
+                try:
+                    frames = chan.recv_frames()
+                except EOFError:
+                    os._exit(0)  # the daemon is gone: nobody is waiting for this call
+                for i, raw in enumerate(frames):
+                    msg = to_worker_decoder.decode(raw)
+                    if isinstance(msg, Answer) and msg.id == call.id:
+                        if not absorb(frames[i + 1:]):
+                            os._exit(0)
+                        return list(msg.responses)
+                    if not isinstance(msg, Answer) and not absorb([raw]):
+                        os._exit(0)  # Shutdown while a call waits: the daemon stops this worker
+        return exchange
+
     while True:
         if not queue:
             flush()
@@ -170,10 +193,10 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
             cancelled.discard(call.id)
             out.append(encode_frame(Result(call.id, [{"type": "text", "text": "cancelled"}], is_error=True)))
         elif guard is None:
-            out.append(encode_result(run_call(tools, call, send)))
+            out.append(encode_result(run_call(tools, call, send, exchange_for(call))))
         else:
             guard.before()
-            result = run_call(tools, call, send)
+            result = run_call(tools, call, send, exchange_for(call))
             left = guard.after()
             if left is not None:
                 # The daemon sends this worker nothing more and requeues what it had sent after this call.

@@ -86,6 +86,8 @@ from sandbox.isolation import syscalls
 from sandbox.wire import (
     HEADER,
     MAX_FRAME_BYTES,
+    Answer,
+    Ask,
     Call,
     CancelCall,
     Init,
@@ -295,7 +297,18 @@ def _run_the_call(kit: _Kit, fd: int, marks: list[float]) -> None:
     def send(msg: Any) -> None:
         _write_all(fd, encode_frame(msg))
 
-    _write_all(fd, encode_result(run_call(kit.tools, call, send)))
+    def exchange(requests: list[Any]) -> list[Any]:
+        # R forwards the Ask to the daemon and, when it comes, the Answer to this socket.
+        _write_all(fd, encode_frame(Ask(call.id, requests)))
+        while True:
+            raw = _read_frame(fd)
+            if raw is None:
+                os._exit(0)  # R is gone: nobody waits for this call any more
+            msg = to_worker_decoder.decode(raw)
+            if isinstance(msg, Answer) and msg.id == call.id:
+                return list(msg.responses)
+
+    _write_all(fd, encode_result(run_call(kit.tools, call, send, exchange)))
     if _PROFILE:
         marks += [_now_us(), _faults()]
         os.write(2, ("toolcell call profile: " + " ".join(f"{m:.0f}" for m in marks) + "\n").encode())
@@ -727,6 +740,17 @@ class _Relay:
             msg = to_worker_decoder.decode(raw)
             if isinstance(msg, Call):
                 self.queue.append((msg, raw, t))
+            elif isinstance(msg, Answer):
+                # The running call asked (its Ask went out as one of its frames): pass the answer on.
+                cur = self.cur
+                if cur is not None and cur.call is not None and cur.call.id == msg.id and cur.sock is not None:
+                    try:
+                        cur.sock.setblocking(True)
+                        cur.sock.sendall(HEADER.pack(len(raw)) + raw)
+                    except OSError:
+                        pass  # it died: its pidfd says so
+                    finally:
+                        cur.sock.setblocking(False)
             elif isinstance(msg, CancelCall):
                 # Answered in its place in the order, unrun; the daemon never cancels the running call
                 # this way (it kills the worker).

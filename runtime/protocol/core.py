@@ -42,6 +42,7 @@ from runtime.protocol.schemas import describe_validation_error
 from sandbox import wire
 
 _enc = msgspec.json.Encoder()
+_enc_dec = msgspec.json.Decoder()
 
 
 class _Params(msgspec.Struct):
@@ -111,7 +112,8 @@ class ConnState:
 @dataclass(frozen=True, slots=True)
 class Request:
     """One message read once: its params decoded for its method and its era chosen (``Core.parse``).
-    ``problem`` is the answer when it cannot be run at all (then the other fields may be empty)."""
+    ``early`` is the action when it cannot be run as a request (an error to answer, or a client's
+    response to a request of ours); then the other fields may be empty."""
 
     env: rpc.Envelope
     method: str
@@ -119,7 +121,7 @@ class Request:
     params: Any = None
     meta: dict[str, Any] | None = None
     modern: bool = False
-    problem: Reply | None = None
+    early: Action | None = None
 
     def mirrored(self, field_name: str) -> Any:
         """A params field the 2026-07-28 headers mirror (``name``, ``uri``, ``taskId``), or None."""
@@ -170,6 +172,8 @@ class ToolCall:
     progress_token: Any
     log_level: int  # -1: the client wants no log messages
     modern: bool
+    #: What the client declared it can do (legacy: at initialize; 2026-07-28: on this request).
+    client_caps: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +194,17 @@ class Batch:
     actions: tuple[Action, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ClientResponse:
+    """The client's answer to a request of ours (``result`` or ``error``, raw JSON)."""
+
+    request_id: Any
+    result: msgspec.Raw | None
+    error: msgspec.Raw | None
+
+
 #: Everything ``Core.handle`` can return; a connection dispatches it with ``match``.
-Action = Reply | ToolCall | Cancel | Listen | Batch
+Action = Reply | ToolCall | Cancel | Listen | Batch | ClientResponse
 
 
 # -- outcomes: how a call ended (``runtime.calls``), turned into bytes by ``Core.answer`` -------------
@@ -285,12 +298,13 @@ class Core:
         has_id = env.id is not msgspec.UNSET
         if method is msgspec.UNSET:
             if has_id and (env.result or env.error):
-                return Request(env, "", False, problem=Reply(None))  # a response from the client: ignored
-            return Request(env, "", has_id, problem=self._error(state, env.id if has_id and rpc.valid_id(env.id) else None,
+                # The client answers a request of ours (a tool asked it something).
+                return Request(env, "", False, early=ClientResponse(env.id, env.result or None, env.error or None))
+            return Request(env, "", has_id, early=self._error(state, env.id if has_id and rpc.valid_id(env.id) else None,
                            InvalidRequest("Invalid Request: missing method"), modern=False))
         if env.jsonrpc != "2.0" or not isinstance(method, str):
             idv = env.id if has_id and rpc.valid_id(env.id) else None
-            return Request(env, "", has_id, problem=self._error(
+            return Request(env, "", has_id, early=self._error(
                 state, idv, InvalidRequest("Invalid Request: jsonrpc must be \"2.0\" and method a string"), modern=False))
         if not has_id:
             try:
@@ -300,7 +314,7 @@ class Core:
             meta = params.meta if params is not None and isinstance(params.meta, dict) else None
             return Request(env, method, False, params, meta, meta is not None and eras.META_VERSION in meta)
         if not rpc.valid_id(env.id):
-            return Request(env, method, True, problem=self._error(
+            return Request(env, method, True, early=self._error(
                 state, None, InvalidRequest("Invalid Request: id must be a string or an integer"), modern=False))
         try:
             params = self._decode(_PARAMS.get(method, _other_params), env.params, required=method == "tools/call")
@@ -311,14 +325,14 @@ class Core:
             reply = self._error(state, env.id, exc, modern=False)
             if method == "tools/call":
                 reply = replace(reply, refused=(requested_tool(env.params), _refusal(reply.error_code)))
-            return Request(env, method, True, problem=reply)
+            return Request(env, method, True, early=reply)
         modern = method == "server/discover" or (meta is not None and eras.META_VERSION in meta)
         return Request(env, method, True, params, meta, modern)
 
     def run(self, state: ConnState, req: Request, catalog: Catalog | None = None) -> Action:
         """Do what a parsed message asks (see ``parse``)."""
-        if req.problem is not None:
-            return req.problem
+        if req.early is not None:
+            return req.early
         if not req.is_request:
             return self._notification(state, req.method, req.params)
         env = req.env
@@ -363,7 +377,7 @@ class Core:
             return Reply(rpc.response(id_bytes, body + b"}"))
         if method == "tools/call":
             return self._tool_call(env, id_bytes, params, version, meta, catalog, modern=False,
-                                   log_level=state.log_level)
+                                   log_level=state.log_level, client_caps=state.client_capabilities)
         if method == "logging/setLevel":
             state.log_level = _level_index(params.level if params is not None else None)
             return Reply(rpc.response(id_bytes, b"{}"))
@@ -428,7 +442,8 @@ class Core:
         if method == "tools/call":
             level = meta.get(eras.META_LOG_LEVEL)
             log_level = -1 if level is None else _level_index(level)
-            return self._tool_call(env, id_bytes, params, version, meta, catalog, modern=True, log_level=log_level)
+            return self._tool_call(env, id_bytes, params, version, meta, catalog, modern=True, log_level=log_level,
+                                   client_caps=caps)
         if method == "subscriptions/listen":
             notes = params.notifications
             if notes is not None and not isinstance(notes, dict):
@@ -464,7 +479,7 @@ class Core:
             raise InvalidParams(f"Invalid params: {exc}") from None
 
     def _tool_call(self, env: rpc.Envelope, id_bytes: bytes, params: CallParams, version: str, meta: Any,
-                   catalog: Catalog | None, modern: bool, log_level: int) -> Any:
+                   catalog: Catalog | None, modern: bool, log_level: int, client_caps: Any = None) -> Any:
         cat = catalog or self._catalog()
         entry = cat.get(params.name) if isinstance(params.name, str) else None
         if entry is None:
@@ -479,7 +494,8 @@ class Core:
             token = meta.get("progressToken")
             if token is not None and not rpc.valid_id(token):
                 raise InvalidParams("Invalid params: progressToken must be a string or an integer")
-        call = ToolCall(id_bytes, env.id, entry, args, version, token, log_level, modern)
+        call = ToolCall(id_bytes, env.id, entry, args, version, token, log_level, modern,
+                        client_caps if isinstance(client_caps, dict) else None)
         try:
             problem = describe_validation_error(entry.checked.validator, args)
         except (ValueError, RecursionError):
@@ -636,3 +652,35 @@ class Core:
 
     def list_changed(self) -> bytes:
         return rpc.notification("notifications/tools/list_changed", {})
+
+    # -- a tool asking its client (legacy server->client requests) ------------------------------
+
+    @staticmethod
+    def server_request(server_id: str, request: wire.InputRequest, version: str,
+                       meta: dict[str, Any] | None = None) -> bytes:
+        """The JSON-RPC request that asks a legacy client what a tool asked (shaped for ``version``)."""
+        params = eras.shape_input_request(version, request.method, request.params)
+        if meta:
+            params = {**params, "_meta": meta}
+        return rpc.request(server_id, request.method, params)
+
+    @staticmethod
+    def read_client_response(response: ClientResponse, key: str) -> wire.InputResponse:
+        """A client's answer to one of our requests as the tool will read it."""
+        if response.error is not None:
+            try:
+                error = _enc_dec.decode(response.error)
+                message = error.get("message") if isinstance(error, dict) else None
+            except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, ValueError):
+                message = None
+            text = f"the client answered with an error: {_clip(message, 300)}" if isinstance(message, str) else \
+                "the client answered with an error"
+            return wire.InputResponse(key, "error", message=text)
+        try:
+            result = _enc_dec.decode(response.result) if response.result is not None else None
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, ValueError):
+            result = None
+        if not isinstance(result, dict):
+            return wire.InputResponse(key, "error", message="the client's answer was not a JSON object")
+        result.pop("_meta", None)
+        return wire.InputResponse(key, "result", result)

@@ -120,3 +120,43 @@ def shape_content(version: str, items: list[dict[str, Any]]) -> list[dict[str, A
 
 def server_capabilities() -> dict[str, Any]:
     return {"tools": {"listChanged": True}, "logging": {}}
+
+
+# -- a tool asking the client: what each revision can carry, and what a client must have declared --
+
+
+def input_refusal(version: str, caps: dict[str, Any] | None, method: str, params: dict[str, Any]) -> str | None:
+    """Why a client of ``version`` that declared ``caps`` cannot be asked ``method`` (None: it can)."""
+    caps = caps or {}
+    if method == "elicitation/create":
+        if rank(version) < rank(V2025_06_18):
+            return f"protocol {version} has no elicitation (it came with 2025-06-18)"
+        declared = caps.get("elicitation")
+        if not isinstance(declared, dict):
+            return "the client did not declare the elicitation capability"
+        if params.get("mode") == "url":
+            if rank(version) < rank(V2025_11_25) and version not in MODERN_VERSIONS:
+                return f"protocol {version} has no URL-mode elicitation (it came with 2025-11-25)"
+            if not isinstance(declared.get("url"), dict):
+                return "the client did not declare URL-mode elicitation (elicitation.url)"
+        elif declared and "form" not in declared and isinstance(declared.get("url"), dict):
+            return "the client declared only URL-mode elicitation, not forms (elicitation.form)"
+        return None
+    if method == "sampling/createMessage":
+        declared = caps.get("sampling")
+        if not isinstance(declared, dict):
+            return "the client did not declare the sampling capability"
+        context = params.get("includeContext")
+        if context not in (None, "none") and not isinstance(declared.get("context"), dict):
+            return "the client did not declare sampling.context, which includeContext needs"
+        return None
+    if method == "roots/list":
+        return None if isinstance(caps.get("roots"), dict) else "the client did not declare the roots capability"
+    return f"{method} cannot be asked of a client"
+
+
+def shape_input_request(version: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A tool's request (worded as 2025-11-25 does) in the shape ``version`` defines."""
+    if method == "elicitation/create" and version == V2025_06_18:
+        return {k: v for k, v in params.items() if k != "mode"}  # 2025-06-18 elicitation is forms only, no mode
+    return params

@@ -198,10 +198,10 @@ def status_of_code(code: int, modern: bool) -> int:
 # -- a running call's failures (answered as isError results, not JSON-RPC errors) -----------------
 
 #: How a call can fail because of its worker (metrics and logs use these names).
-FailureKind = Literal["timeout", "cpu", "memory", "processes", "output_cap", "crashed", "garbage", "cancelled",
-                      "unavailable"]
+FailureKind = Literal["timeout", "cpu", "memory", "processes", "output_cap", "asks", "crashed", "garbage",
+                      "cancelled", "unavailable"]
 #: The kinds that are a limit firing (``toolcell_limit_kills_total``).
-LIMIT_KINDS: frozenset[str] = frozenset({"timeout", "cpu", "memory", "processes", "output_cap"})
+LIMIT_KINDS: frozenset[str] = frozenset({"timeout", "cpu", "memory", "processes", "output_cap", "asks"})
 
 
 def fault_of_failure(kind: FailureKind) -> Fault:

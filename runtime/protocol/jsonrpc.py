@@ -74,6 +74,11 @@ def encode_id(value: Any) -> bytes:
     return _encoder.encode(value)
 
 
+def request(request_id: Any, method: str, params: Any) -> bytes:
+    """A request of ours to the client."""
+    return _encoder.encode({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+
+
 def response(id_bytes: bytes, result: bytes) -> bytes:
     return b'{"jsonrpc":"2.0","id":' + id_bytes + b',"result":' + result + b"}"
 

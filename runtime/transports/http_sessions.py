@@ -61,6 +61,11 @@ class CallBox(Waker):
         #: Notifications are wanted (the client accepts SSE); otherwise they are dropped.
         self.stream = stream
 
+    @property
+    def can_stream(self) -> bool:
+        """Whether what ``emit`` takes reaches the client (it accepts an SSE answer)."""
+        return self.stream
+
     def emit(self, data: bytes) -> None:
         if not self.stream or self.final is not None or self.is_cancelled:
             return

@@ -101,6 +101,7 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
                             break
                         _deliver(session, sink, calls, lines.feed(chunk), max_line)
                     _deliver(session, sink, calls, lines.end(), max_line)
+                    session.stop_asking("the client closed its input; it cannot answer")
                     await session.wait_idle()
             finally:
                 drain_scope.cancel()
