@@ -66,6 +66,13 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     watch: bool = True
     #: Changes closer together than this are one reload (an editor saving several files).
     reload_debounce_ms: Annotated[int, Meta(ge=10, le=60_000)] = 150
+    #: The key that seals 2026-07-28 ``requestState`` (created 0600 on first use; default: in
+    #: ``state_dir``). Daemons behind one balancer must share it.
+    state_key_file: str | None = None
+    #: How long a 2026-07-28 ``input_required`` answer's ``requestState`` stays valid.
+    request_state_ttl_s: Annotated[float, Meta(ge=1, le=86400)] = 600.0
+    #: 2026-07-28 calls held for their client's retry, across all plugins (see ``runtime.mrtr``).
+    max_parked_calls: Annotated[int, Meta(ge=0, le=100_000)] = 64
     #: The HTTP transport: listeners, Host/Origin allowlists, tokens, limits (see runtime.http_config).
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, assert_never
+from typing import Any, assert_never
 
 import trio
 
@@ -53,30 +53,21 @@ from runtime.protocol.core import (
     ToolCall,
 )
 from runtime.protocol.errors import InternalError, InvalidRequest, McpError, ShuttingDown
+from runtime.running import RunningCall, Sink
 from sandbox import wire
-
-
-class Sink(Protocol):
-    """Where one request's messages go."""
-
-    def emit(self, data: bytes) -> None:
-        """A notification about the request (progress, log, a listen's events)."""
-
-    def done(self, data: bytes) -> None:
-        """The request's final answer."""
-
-    def cancelled(self) -> None:
-        """The request was cancelled: nothing more comes."""
 
 
 class LineSink:
     """A sink for a transport where everything goes down one stream (stdio)."""
 
-    __slots__ = ("emit", "done")
+    __slots__ = ("emit", "_write")
 
     def __init__(self, write: Callable[[bytes], None]) -> None:
         self.emit = write
-        self.done = write
+        self._write = write
+
+    def done(self, data: bytes, error_code: int | None = None) -> None:
+        self._write(data)
 
     def cancelled(self) -> None:
         pass
@@ -120,21 +111,11 @@ class BatchStarted:
 Dispatched = Answered | Started | Subscribed | BatchStarted
 
 
-@dataclass(slots=True)
-class _Running:
-    call: ToolCall
-    sink: Sink
-    handle: Any = None
-    #: The round of questions the tool waits on: answers so far, by key, and keys still open.
-    answers: dict[str, wire.InputResponse] | None = None
-    waiting: set[str] | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class _Outgoing:
     """A request of ours to the client, on behalf of a tool: whose, and which of its questions."""
 
-    running: _Running
+    running: RunningCall
     key: str
 
 
@@ -158,7 +139,9 @@ class Connection:
         self.push = push
         self.admit = admit
         self.catalog_view = catalog_view
-        self.inflight: dict[Any, _Running] = {}
+        self.inflight: dict[Any, RunningCall] = {}
+        #: 2026-07-28 questions and retries (``runtime.mrtr``), shared by every connection of the daemon.
+        self.mrtr = daemon.mrtr
         self.listens: dict[Any, tuple[Listen, Sink]] = {}
         #: Our requests to the client that await its response, by the id we gave them.
         self.outgoing: dict[str, _Outgoing] = {}
@@ -225,7 +208,13 @@ class Connection:
                 if refusal is not None:
                     error, data = refusal
                     return Answered(data, error.code, action.modern, error)
-                self._start(action, sink)
+                if action.modern and (action.request_state is not None or action.input_responses is not None):
+                    now = self.mrtr.retry(self, action, sink)
+                    if now is None:
+                        return Started(action)
+                    answer, refused = now
+                    return Answered(answer, refused.code if refused is not None else None, True, refused)
+                self.start(action, sink)
                 return Started(action)
             case Cancel():
                 self.cancel(action.request_id)
@@ -254,36 +243,60 @@ class Connection:
             error = self.admit(call)
         return None if error is None else (error, self.core.call_error(call, error))
 
-    def _start(self, call: ToolCall, sink: Sink) -> None:
-        running = _Running(call, sink)
+    def start(self, call: ToolCall, sink: Sink, given: dict[str, Any] | None = None) -> RunningCall:
+        """Run ``call``; its messages go to ``sink`` for as long as this connection owns it. ``given``:
+        answers the client gave before being asked (a 2026-07-28 call run again from the start)."""
+        running = RunningCall(call, sink, self, self.principal, given=given)
         self.inflight[call.request_id] = running
         if self._idle.is_set():
             self._idle = trio.Event()
-        core = self.core
 
         def on_frame(frame: Any) -> None:
-            kind = type(frame)
-            if kind is wire.Progress:
-                data = core.progress_notification(call, frame)
-            elif kind is wire.Log:
-                data = core.log_notification(call, frame)
-            else:
-                self._ask(running, frame)
-                return
-            if data is not None and self.inflight.get(call.request_id) is running:
-                sink.emit(data)
+            running.owner.call_frame(running, frame)
 
         def on_outcome(outcome: Outcome) -> None:
-            if self.inflight.get(call.request_id) is running:
-                del self.inflight[call.request_id]
-                self._forget_questions(running)
-                sink.done(self.answer(call, outcome))
-            if not self.inflight:
-                self._idle.set()
+            running.owner.call_outcome(running, outcome)
 
-        handle = self.calls.start(call, self.principal, on_frame, on_outcome)
+        running.handle = self.calls.start(call, self.principal, on_frame, on_outcome)
+        return running
+
+    def adopt(self, running: RunningCall) -> None:
+        """Take over a call that waited elsewhere (a parked 2026-07-28 call resumed by a retry)."""
+        running.owner = self
+        self.inflight[running.call.request_id] = running
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
+    def release(self, running: RunningCall) -> None:
+        """Hand ``running`` to another owner: this connection forgets it without stopping it."""
+        if self.inflight.get(running.call.request_id) is running:
+            del self.inflight[running.call.request_id]
+        if not self.inflight:
+            self._idle.set()
+
+    # -- what a running call sends (CallOwner) -------------------------------------------------
+
+    def call_frame(self, running: RunningCall, frame: Any) -> None:
+        call = running.call
+        kind = type(frame)
+        if kind is wire.Progress:
+            data = self.core.progress_notification(call, frame)
+        elif kind is wire.Log:
+            data = self.core.log_notification(call, frame)
+        else:
+            self._ask(running, frame)
+            return
+        if data is not None and self.inflight.get(call.request_id) is running:
+            running.sink.emit(data)
+
+    def call_outcome(self, running: RunningCall, outcome: Outcome) -> None:
+        call = running.call
         if self.inflight.get(call.request_id) is running:
-            running.handle = handle
+            del self.inflight[call.request_id]
+            self._forget_questions(running)
+            running.sink.done(self.answer(call, outcome), self.core.error_code(call, outcome))
+        if not self.inflight:
+            self._idle.set()
 
     def answer(self, call: ToolCall, outcome: Outcome) -> bytes:
         """The bytes for a call's outcome (a plugin's invalid output is logged as its bug)."""
@@ -295,7 +308,7 @@ class Connection:
 
     # -- a tool asks its client ---------------------------------------------------------------
 
-    def _ask(self, running: _Running, ask: wire.Ask) -> None:
+    def _ask(self, running: RunningCall, ask: wire.Ask) -> None:
         """A running call's round of questions (the pool stopped its deadline until it is answered)."""
         call = running.call
         if self.inflight.get(call.request_id) is not running:
@@ -330,10 +343,8 @@ class Connection:
         running.answers = answers
         running.waiting = waiting
 
-    def _ask_modern(self, running: _Running, ask: wire.Ask) -> None:
-        call = running.call
-        self.calls.answer(call, running.handle, [], "declined_capability",
-                          "this request cannot be asked anything")
+    def _ask_modern(self, running: RunningCall, ask: wire.Ask) -> None:
+        self.mrtr.ask(self, running, ask)
 
     def _client_response(self, response: ClientResponse) -> None:
         """The client answered one of our requests: give the answer to the tool that asked."""
@@ -361,7 +372,7 @@ class Connection:
                 self._forget_questions(running)
                 self.calls.answer(running.call, running.handle, [], "cancelled", reason)
 
-    def _forget_questions(self, running: _Running) -> None:
+    def _forget_questions(self, running: RunningCall) -> None:
         if running.waiting is None:
             return
         for server_id in [k for k, v in self.outgoing.items() if v.running is running]:
@@ -498,7 +509,7 @@ async def run_call(daemon: Daemon, call: ToolCall, principal: str | None = None,
             if emit is not None:
                 emit(data)
 
-        def done(self, data: bytes) -> None:
+        def done(self, data: bytes, error_code: int | None = None) -> None:
             box.append(data)
             done.set()
 

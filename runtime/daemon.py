@@ -21,6 +21,7 @@ from runtime.config import Config
 from runtime.logs import log
 from runtime.plugins import Plugin, discover, load_plugin, resolve_conflicts
 from runtime.calls import CallDispatcher
+from runtime.mrtr import Mrtr, load_state_key
 from runtime.protocol.core import Core
 from runtime.protocol.catalog import Catalog
 from runtime.fingerprints import fingerprint, stat_signature
@@ -54,6 +55,10 @@ class Daemon:
         self.calls = CallDispatcher(config.max_inflight)
         self.call_hooks = self.calls.hooks
         self.stats = self.calls.stats
+        key_file = config.state_key_file or os.path.join(config.state_dir, "request-state.key")
+        #: 2026-07-28 questions, retries and parked calls (``runtime.mrtr``).
+        self.mrtr = Mrtr(self.core, self.calls, load_state_key(key_file), max_parked=config.max_parked_calls,
+                         state_ttl_s=config.request_state_ttl_s)
         self.ready = False
         #: The spare worker interpreter (``runtime.spares``), once serving.
         self.spares: Spares | None = None

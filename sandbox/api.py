@@ -166,29 +166,29 @@ class CallContext:
 
     # -- asking the client (``sandbox.asking``): each blocks until the answer comes ----------------
 
-    def elicit(self, message: str, schema: Any) -> asking.ElicitResult:
+    def elicit(self, message: str, schema: Any, *, key: str = "") -> asking.ElicitResult:
         """Ask the user to fill in a form (``schema``: a msgspec Struct type or a JSON schema)."""
-        result: asking.ElicitResult = self._asker.ask([asking.Elicit(message, schema)])[0]
+        result: asking.ElicitResult = self._asker.ask([asking.Elicit(message, schema, key)])[0]
         return result
 
-    def elicit_url(self, url: str, message: str, elicitation_id: str = "") -> asking.ElicitResult:
+    def elicit_url(self, url: str, message: str, elicitation_id: str = "", *, key: str = "") -> asking.ElicitResult:
         """Send the user to ``url`` (URL mode; only clients that declared ``elicitation.url``)."""
-        result: asking.ElicitResult = self._asker.ask([asking.ElicitUrl(url, message, elicitation_id)])[0]
+        result: asking.ElicitResult = self._asker.ask([asking.ElicitUrl(url, message, elicitation_id, key)])[0]
         return result
 
     def sample(self, messages: Any, *, max_tokens: int = 1000, system_prompt: str | None = None,
                temperature: float | None = None, stop_sequences: list[str] | None = None,
                model_preferences: dict[str, Any] | None = None, include_context: str | None = None,
-               metadata: dict[str, Any] | None = None) -> asking.SamplingResult:
+               metadata: dict[str, Any] | None = None, key: str = "") -> asking.SamplingResult:
         """Ask the client's model (``messages``: a string, or protocol messages)."""
         request = asking.Sample(messages, max_tokens, system_prompt, temperature, stop_sequences, model_preferences,
-                                include_context, metadata)
+                                include_context, metadata, key)
         result: asking.SamplingResult = self._asker.ask([request])[0]
         return result
 
-    def roots(self) -> list[asking.Root]:
+    def roots(self, *, key: str = "") -> list[asking.Root]:
         """The roots the client exposes."""
-        result: list[asking.Root] = self._asker.ask([asking.ListRoots()])[0]
+        result: list[asking.Root] = self._asker.ask([asking.ListRoots(key)])[0]
         return result
 
     def ask(self, *requests: asking.Request) -> list[Any]:

@@ -72,7 +72,12 @@ class InputUnavailable(ToolError):
 
 class CapabilityMissing(InputUnavailable):
     """The client did not declare the capability (``elicitation``, ``sampling``, ``roots``) on this
-    request or connection, so it was not asked."""
+    request or connection, so it was not asked. Left uncaught, it ends the call with the error the
+    client's revision has for it (2026-07-28: -32021 naming the capability)."""
+
+    @property
+    def capability(self) -> str:
+        return _CAPABILITY.get(self.method, "")
 
 
 class ClientRefused(InputUnavailable):
@@ -136,6 +141,9 @@ class Elicit(msgspec.Struct, frozen=True):
 
     message: str
     schema: Any
+    #: The request's key in 2026-07-28 ``inputRequests`` (default: numbered, ``elicit-1``, ...). A key
+    #: the client may know in advance lets it answer before it is asked.
+    key: str = ""
 
 
 class ElicitUrl(msgspec.Struct, frozen=True):
@@ -144,6 +152,7 @@ class ElicitUrl(msgspec.Struct, frozen=True):
     url: str
     message: str
     elicitation_id: str = ""
+    key: str = ""
 
 
 class Sample(msgspec.Struct, frozen=True):
@@ -157,14 +166,17 @@ class Sample(msgspec.Struct, frozen=True):
     model_preferences: Union[dict[str, Any], None] = None
     include_context: Union[str, None] = None
     metadata: Union[dict[str, Any], None] = None
+    key: str = ""
 
 
 class ListRoots(msgspec.Struct, frozen=True):
     """Ask which roots the client exposes."""
 
+    key: str = ""
+
 
 Request = Union[Elicit, ElicitUrl, Sample, ListRoots]
-_KEY_PREFIX = {"elicitation/create": "elicit", "sampling/createMessage": "sample", "roots/list": "roots"}
+_CAPABILITY = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
 
 
 def _schema_of(schema: Any) -> tuple[dict[str, Any], Any]:
@@ -259,7 +271,10 @@ class Asker:
             if method_key is None:
                 raise TypeError(f"cannot ask for {type(request).__name__}; use Elicit, ElicitUrl, Sample or ListRoots")
             self._asked += 1
-            frame, reader = to_wire(request, f"{method_key}-{self._asked}")
+            key = request.key or f"{method_key}-{self._asked}"
+            if not (0 < len(key) <= 64 and key.isascii() and key.isprintable()) or any(f.key == key for f in frames):
+                raise ValueError(f"ask(): key {key[:80]!r} must be 1-64 printable ASCII characters, unique in the round")
+            frame, reader = to_wire(request, key)
             frames.append(frame)
             readers.append(reader)
         if self._exchange is None:

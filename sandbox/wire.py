@@ -65,6 +65,9 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ask_timeout_s: Annotated[float, msgspec.Meta(ge=0.01, le=86400)] = 300.0
     #: Questions one call may ask its client in all (0: its tools may not ask).
     max_asks: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 64
+    #: 2026-07-28 calls of this plugin held (each on its worker) for their client's retry; beyond it a
+    #: call that asks is stopped and its retry runs the tool again from the start.
+    max_parked: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 2
 
 
 class Permissions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -208,6 +211,9 @@ class Result(msgspec.Struct, tag="result", frozen=True, array_like=True):
     #: per_call: the call's process was killed by SIGKILL before it answered (the daemon asks the
     #: worker's cgroup whether that was the memory limit).
     killed: bool = False
+    #: The tool ended because the client lacks a capability it needed ("elicitation", "sampling",
+    #: "roots"): a 2026-07-28 client hears -32021 naming it, an older one an ``isError`` result.
+    missing_capability: Union[str, None] = None
 
 
 class InputRequest(msgspec.Struct, frozen=True, array_like=True):

@@ -2,8 +2,10 @@
 
 Names, texts and content shapes follow the suite's server scenarios (``src/scenarios/server/
 tools.ts`` and ``json-schema-2020-12.ts``) and its reference "everything" server. They are served
-through the sandbox like any other plugin. ``test_sampling`` / ``test_elicitation`` need
-server-to-client requests and are not implemented here yet.
+through the sandbox like any other plugin. The tools that ask (``test_sampling``,
+``test_elicitation``, ``test_input_required_result_*``, ...) use ``current().elicit/sample/roots``:
+the daemon turns their questions into requests to a legacy client or into 2026-07-28
+``input_required`` results, so one tool serves both eras.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import zlib
 from typing import Any
 
 from sandbox import ToolError, audio, current, embedded_text, image, tool
+from sandbox.asking import CapabilityMissing, Elicit, ListRoots, Sample
 
 FIXTURE = {"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False}
 STEP_DELAY_S = 0.05
@@ -169,3 +172,167 @@ def json_schema_2020_12_tool(
         if v is not None
     }
     return "Received: " + json.dumps(received, sort_keys=True)
+
+
+# -- tools that ask (legacy: requests on the call's stream; 2026-07-28: input_required and a retry) --
+
+
+@tool(description="Tests server-initiated sampling (sampling/createMessage)", annotations=FIXTURE)
+def test_sampling(prompt: str) -> str:
+    """Tests server-initiated sampling.
+
+    Args:
+        prompt: The prompt sent to the client's model.
+    """
+    answer = current().sample(prompt, max_tokens=100)
+    return f"LLM response: {answer.text}"
+
+
+@tool(description="Tests server-initiated elicitation (elicitation/create)", annotations=FIXTURE)
+def test_elicitation(message: str) -> str:
+    """Tests server-initiated elicitation.
+
+    Args:
+        message: The message shown to the user.
+    """
+    schema = {"type": "object", "properties": {
+        "username": {"type": "string", "description": "User's response"},
+        "email": {"type": "string", "description": "User's email address"},
+    }, "required": ["username", "email"]}
+    answer = current().elicit(message, schema)
+    return f"User response: action={answer.action}, content={json.dumps(answer.content, sort_keys=True)}"
+
+
+@tool(description="Tests elicitation with default values for every primitive type (SEP-1034)", annotations=FIXTURE)
+def test_elicitation_sep1034_defaults() -> str:
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "description": "User name", "default": "John Doe"},
+        "age": {"type": "integer", "description": "User age", "default": 30},
+        "score": {"type": "number", "description": "User score", "default": 95.5},
+        "status": {"type": "string", "description": "User status", "enum": ["active", "inactive", "pending"],
+                   "default": "active"},
+        "verified": {"type": "boolean", "description": "Verification status", "default": True},
+    }}
+    answer = current().elicit("Please review and update the form fields with defaults", schema)
+    return f"Elicitation completed: action={answer.action}, content={json.dumps(answer.content, sort_keys=True)}"
+
+
+@tool(description="Tests elicitation with every enum form (SEP-1330)", annotations=FIXTURE)
+def test_elicitation_sep1330_enums() -> str:
+    schema = {"type": "object", "properties": {
+        "untitledSingle": {"type": "string", "description": "Choose an option", "enum": ["option1", "option2", "option3"]},
+        "titledSingle": {"type": "string", "description": "Choose a titled option", "oneOf": [
+            {"const": "value1", "title": "First Option"}, {"const": "value2", "title": "Second Option"},
+            {"const": "value3", "title": "Third Option"}]},
+        "legacyEnum": {"type": "string", "description": "Choose a legacy option", "enum": ["opt1", "opt2", "opt3"],
+                       "enumNames": ["Option One", "Option Two", "Option Three"]},
+        "untitledMulti": {"type": "array", "description": "Choose multiple options",
+                          "items": {"type": "string", "enum": ["option1", "option2", "option3"]}},
+        "titledMulti": {"type": "array", "description": "Choose multiple titled options", "items": {"anyOf": [
+            {"const": "value1", "title": "First Choice"}, {"const": "value2", "title": "Second Choice"},
+            {"const": "value3", "title": "Third Choice"}]}},
+    }}
+    answer = current().elicit("Please select options from the enum fields", schema)
+    return f"Elicitation completed: action={answer.action}, content={json.dumps(answer.content, sort_keys=True)}"
+
+
+NAME_FORM = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+OK_FORM = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+@tool(description="Asks the user's name (input_required, key user_name), then greets them", annotations=FIXTURE)
+def test_input_required_result_elicitation() -> str:
+    answer = current().elicit("What is your name?", NAME_FORM, key="user_name")
+    if not answer.accepted or not isinstance(answer.content, dict) or not isinstance(answer.content.get("name"), str):
+        raise ToolError(f"no name given (action={answer.action})")
+    return f"Hello, {answer.content['name']}!"
+
+
+@tool(description="Asks the client's model a question (input_required with sampling)", annotations=FIXTURE)
+def test_input_required_result_sampling() -> str:
+    answer = current().sample("What is the capital of France?", max_tokens=100, key="capital_question")
+    return f"The model said: {answer.text}"
+
+
+@tool(description="Asks the client for its roots (input_required with roots/list)", annotations=FIXTURE)
+def test_input_required_result_list_roots() -> str:
+    roots = current().roots(key="client_roots")
+    return "Roots: " + ", ".join(f"{r.name or ''} <{r.uri}>" for r in roots)
+
+
+@tool(description="Asks for a confirmation; the retry carries the server's requestState", annotations=FIXTURE)
+def test_input_required_result_request_state() -> str:
+    answer = current().elicit("Please confirm", OK_FORM, key="confirm")
+    ok = answer.accepted and isinstance(answer.content, dict) and answer.content.get("ok") is True
+    return "state-ok: confirmed" if ok else "state-ok: not confirmed"
+
+
+@tool(description="Asks three questions in one round: a form, the model, the roots", annotations=FIXTURE)
+def test_input_required_result_multiple_inputs() -> str:
+    name, greeting, roots = current().ask(
+        Elicit("What is your name?", NAME_FORM, key="user_name"),
+        Sample("Write a short greeting", max_tokens=50, key="greeting"),
+        ListRoots(key="client_roots"),
+    )
+    who = name.content.get("name") if name.accepted and isinstance(name.content, dict) else "someone"
+    return f"{greeting.text} {who} ({len(roots)} roots)"
+
+
+@tool(description="Asks in two rounds: a name, then a favourite colour", annotations=FIXTURE)
+def test_input_required_result_multi_round() -> str:
+    ctx = current()
+    name = ctx.elicit("What is your name?", NAME_FORM, key="step1")
+    color_form = {"type": "object", "properties": {"color": {"type": "string"}}, "required": ["color"]}
+    color = ctx.elicit("What is your favourite colour?", color_form, key="step2")
+    who = name.content.get("name") if isinstance(name.content, dict) else "?"
+    hue = color.content.get("color") if isinstance(color.content, dict) else "?"
+    return f"{who} likes {hue}"
+
+
+@tool(description="Asks for a confirmation whose requestState must come back untouched", annotations=FIXTURE)
+def test_input_required_result_tampered_state() -> str:
+    answer = current().elicit("Please confirm", OK_FORM, key="confirm")
+    return f"confirmed: {answer.action}"
+
+
+@tool(description="Asks only what the client declared: a form if it can, else its model", annotations=FIXTURE)
+def test_input_required_result_capabilities() -> str:
+    ctx = current()
+    try:
+        answer = ctx.elicit("What is your name?", NAME_FORM, key="user_name")
+        return f"form: {answer.action}"
+    except CapabilityMissing:
+        reply = ctx.sample("What is a good name?", max_tokens=50, key="name_suggestion")
+        return f"model: {reply.text}"
+
+
+@tool(description="Needs sampling; a client without it gets -32021 (missing capability)", annotations=FIXTURE)
+def test_missing_capability() -> str:
+    return current().sample("Say hello", max_tokens=20, key="hello").text
+
+
+@tool(description="Asks at once (a 2026-07-28 client gets input_required, never a request)", annotations=FIXTURE)
+def test_streaming_elicitation() -> str:
+    answer = current().elicit("Continue?", OK_FORM, key="continue")
+    return f"continued: {answer.action}"
+
+
+@tool(description="Logs once; a 2026-07-28 client hears it only when it asked for a log level", annotations=FIXTURE)
+def test_logging_tool() -> str:
+    current().log("info", "test_logging_tool ran")
+    return "logged"
+
+
+@tool(
+    description="Echoes arguments mirrored into Mcp-Param-* headers (x-mcp-header, SEP-2243)",
+    input_schema={"type": "object", "properties": {
+        "region": {"type": "string", "description": "Routed region", "x-mcp-header": "Region"},
+        "priority": {"type": "integer", "minimum": -1000000, "maximum": 1000000, "x-mcp-header": "Priority",
+                     "description": "Priority, mirrored too"},
+        "verbose": {"type": "boolean", "x-mcp-header": "Verbose", "description": "Verbose output"},
+        "query": {"type": "string", "description": "The query (not mirrored)"},
+    }, "required": ["region", "priority", "query"]},
+    annotations=FIXTURE,
+)
+def test_custom_headers(region: str, priority: int, query: str, verbose: bool | None = None) -> str:
+    return f"region={region} priority={priority} query={query} verbose={verbose}"

@@ -31,6 +31,7 @@ from runtime.protocol.errors import (
     InvalidRequest,
     McpError,
     MethodNotFound,
+    MissingClientCapability,
     UnsupportedProtocolVersion,
     WorkerFailure,
     call_failure_text,
@@ -53,6 +54,9 @@ class CallParams(msgspec.Struct):
     name: str
     arguments: Any = None
     meta: Any = msgspec.field(default=None, name="_meta")
+    #: 2026-07-28 retry of an ``input_required`` call: the client's answers, by key, and our sealed state.
+    inputResponses: Any = None
+    requestState: Any = None
 
 
 class InitializeParams(_Params):
@@ -174,6 +178,9 @@ class ToolCall:
     modern: bool
     #: What the client declared it can do (legacy: at initialize; 2026-07-28: on this request).
     client_caps: dict[str, Any] | None = None
+    #: 2026-07-28 retry: the client's answers by key (each a result object) and the sealed state it echoes.
+    input_responses: dict[str, Any] | None = None
+    request_state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,8 +501,17 @@ class Core:
             token = meta.get("progressToken")
             if token is not None and not rpc.valid_id(token):
                 raise InvalidParams("Invalid params: progressToken must be a string or an integer")
+        responses = state_text = None
+        if modern:
+            responses = params.inputResponses
+            if responses is not None and (not isinstance(responses, dict)
+                                          or not all(isinstance(v, dict) for v in responses.values())):
+                raise InvalidParams("Invalid params: inputResponses must map each key to the client's result object")
+            state_text = params.requestState
+            if state_text is not None and not isinstance(state_text, str):
+                raise InvalidParams("Invalid params: requestState must be the string the server sent")
         call = ToolCall(id_bytes, env.id, entry, args, version, token, log_level, modern,
-                        client_caps if isinstance(client_caps, dict) else None)
+                        client_caps if isinstance(client_caps, dict) else None, responses, state_text)
         try:
             problem = describe_validation_error(entry.checked.validator, args)
         except (ValueError, RecursionError):
@@ -599,9 +615,24 @@ class Core:
             data = self._result_bytes(call, [{"type": "text", "text": f"Tool {call.entry.name} produced invalid output: {exc}"}], None, True)
         return data, bug
 
+    def input_required(self, call: ToolCall, requests: list[wire.InputRequest], request_state: str | None) -> bytes:
+        """A 2026-07-28 ``input_required`` result: the questions still open, and our sealed state."""
+        body: dict[str, Any] = {"resultType": "input_required",
+                                "inputRequests": {r.key: {"method": r.method, "params": r.params} for r in requests}}
+        if request_state is not None:
+            body["requestState"] = request_state
+        data = _enc.encode(body)
+        return rpc.response(call.id_bytes, data[:-1] + b"," + self._modern_meta + b"}")
+
     def answer(self, call: ToolCall, outcome: Outcome, max_output_bytes: int) -> tuple[bytes, str | None]:
         """The response for a call's outcome, and a plugin-bug description for the log (or None)."""
         match outcome:
+            case Completed(result) if result.missing_capability is not None and call.modern:
+                capability = result.missing_capability if result.missing_capability in eras.INPUT_CAPABILITIES \
+                    else "sampling"
+                return self.call_error(call, MissingClientCapability(
+                    f"Missing required client capability: {capability} (tool {call.entry.name} needs it)",
+                    {"requiredCapabilities": {capability: {}}})), None
             case Completed(result):
                 return self.call_result(call, result, max_output_bytes)
             case Failed(failure):
@@ -612,6 +643,15 @@ class Core:
                 return self.call_failed(call, f"Tool {call.entry.name} was stopped: {reason}"), None
             case _:
                 assert_never(outcome)
+
+    @staticmethod
+    def error_code(call: ToolCall, outcome: Outcome) -> int | None:
+        """The JSON-RPC error code ``answer`` gives ``outcome``, or None when it is a result."""
+        if type(outcome) is Refused:
+            return outcome.error.code
+        if type(outcome) is Completed and outcome.result.missing_capability is not None and call.modern:
+            return MissingClientCapability.code
+        return None
 
     def call_failed(self, call: ToolCall, message: str) -> bytes:
         """An ``isError`` result for a call its worker could not finish (timeout, crash, ...)."""

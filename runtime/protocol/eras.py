@@ -124,6 +124,9 @@ def server_capabilities() -> dict[str, Any]:
 
 # -- a tool asking the client: what each revision can carry, and what a client must have declared --
 
+#: The client capabilities a tool's questions need.
+INPUT_CAPABILITIES = ("elicitation", "sampling", "roots")
+
 
 def input_refusal(version: str, caps: dict[str, Any] | None, method: str, params: dict[str, Any]) -> str | None:
     """Why a client of ``version`` that declared ``caps`` cannot be asked ``method`` (None: it can)."""
@@ -160,3 +163,25 @@ def shape_input_request(version: str, method: str, params: dict[str, Any]) -> di
     if method == "elicitation/create" and version == V2025_06_18:
         return {k: v for k, v in params.items() if k != "mode"}  # 2025-06-18 elicitation is forms only, no mode
     return params
+
+
+def input_response_problem(method: str, result: Any) -> str | None:
+    """What is wrong with a client's answer to ``method`` (None: it has the shape the method defines)."""
+    if not isinstance(result, dict):
+        return "it is not an object"
+    if method == "elicitation/create":
+        if result.get("action") not in ("accept", "decline", "cancel"):
+            return "an elicitation answer needs action: accept, decline or cancel"
+        if "content" in result and result["content"] is not None and not isinstance(result["content"], dict):
+            return "an elicitation answer's content must be an object"
+        return None
+    if method == "sampling/createMessage":
+        if not isinstance(result.get("role"), str) or not isinstance(result.get("content"), (dict, list)):
+            return "a sampling answer needs a role and content"
+        return None
+    if method == "roots/list":
+        roots = result.get("roots")
+        if not isinstance(roots, list) or not all(isinstance(r, dict) and isinstance(r.get("uri"), str) for r in roots):
+            return "a roots answer needs roots: a list of objects with a uri"
+        return None
+    return f"{method} cannot be answered"

@@ -427,11 +427,14 @@ class HttpApp:
                     session: LegacySession | None) -> None:
         box = CallBox(stream=can_sse)
         started = conn.dispatch(call, box)
-        if type(started) is Answered:  # refused before it ran (a rate limit, a duplicate id)
+        if type(started) is Answered:  # answered before it ran (a rate limit, a duplicate id, input_required)
             assert started.data is not None
             if started.error is not None and isinstance(started.error, RateLimited):
                 return await self._refuse(r, started.error, call.id_bytes)
-            return await r.body(200, started.data)
+            status = 200
+            if call.modern and started.error_code is not None:
+                status = status_of_code(started.error_code, modern=True)
+            return await r.body(status, started.data)
         request_id = call.request_id
         detached = False  # True once the call no longer needs cancelling by us
         quick = True
@@ -484,7 +487,10 @@ class HttpApp:
                     if r.sse:
                         await r.events([box.final])
                         return await r.end()
-                    return await r.body(200, box.final)
+                    status = 200
+                    if call.modern and box.final_code is not None:
+                        status = status_of_code(box.final_code, modern=True)
+                    return await r.body(status, box.final)
         finally:
             if not detached and box.final is None and not box.is_cancelled:
                 conn.cancel(request_id)
@@ -638,7 +644,7 @@ class _Nowhere:
     def emit(self, data: bytes) -> None:
         pass
 
-    def done(self, data: bytes) -> None:
+    def done(self, data: bytes, error_code: int | None = None) -> None:
         pass
 
     def cancelled(self) -> None:

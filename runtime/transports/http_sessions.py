@@ -50,12 +50,14 @@ class Waker:
 
 
 class CallBox(Waker):
-    __slots__ = ("final", "is_cancelled", "overflow", "pending", "stream")
+    __slots__ = ("final", "final_code", "is_cancelled", "overflow", "pending", "stream")
 
     def __init__(self, stream: bool) -> None:
         super().__init__()
         self.pending: list[bytes] = []
         self.final: bytes | None = None
+        #: The final answer is a JSON-RPC error with this code (its HTTP status follows it).
+        self.final_code: int | None = None
         self.is_cancelled = False
         self.overflow = False
         #: Notifications are wanted (the client accepts SSE); otherwise they are dropped.
@@ -75,9 +77,10 @@ class CallBox(Waker):
             self.pending.append(data)
         self.wake()
 
-    def done(self, data: bytes) -> None:
+    def done(self, data: bytes, error_code: int | None = None) -> None:
         if not self.is_cancelled:
             self.final = data
+            self.final_code = error_code
         self.wake()
 
     def cancelled(self) -> None:
@@ -122,7 +125,7 @@ class PushStream(Waker):
     def emit(self, data: bytes) -> None:
         self.push(data)
 
-    def done(self, data: bytes) -> None:
+    def done(self, data: bytes, error_code: int | None = None) -> None:
         self.close(data)
 
     def cancelled(self) -> None:

@@ -67,7 +67,7 @@ def test_the_core_chooses_the_era_once_discover_or_a_protocol_version_in_meta_is
     assert _parse("tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "x"}}).modern
     assert not _parse("tools/list", {"_meta": {"progressToken": 1}}).modern
     assert not _parse("tools/list", [1, 2]).modern  # not an object: the core answers -32602 itself
-    assert _parse("tools/list", [1, 2]).problem is not None
+    assert _parse("tools/list", [1, 2]).early is not None
 
 
 @pytest.mark.parametrize("raw, expected", [

@@ -138,6 +138,9 @@ def test_json_schema_2020_12_tool_call(cf):
 def test_fixture_descriptions_match_reference_server(cf):
     assert cf.tools["test_simple_text"].description == "Tests simple text content response"
     assert cf.tools["test_error_handling"].description == "Tests error response handling"
+    with_arguments = {"json_schema_2020_12_tool", "test_sampling", "test_elicitation", "test_custom_headers"}
     for name, tdef in cf.tools.items():
-        if name != "json_schema_2020_12_tool":
+        if name not in with_arguments:
             assert tdef.input_schema == {"type": "object", "properties": {}, "additionalProperties": False}
+    assert cf.tools["test_sampling"].input_schema["required"] == ["prompt"]
+    assert cf.tools["test_elicitation"].input_schema["required"] == ["message"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.protocol.core import Batch, Cancel, ConnState, Core, Listen, Reply, ToolCall
+from runtime.protocol.core import Batch, Cancel, ClientResponse, ConnState, Core, Listen, Reply, ToolCall
 from runtime.protocol.catalog import Catalog, ToolEntry
 from runtime.protocol.schemas import check_tool
 from sandbox.wire import ToolSpec
@@ -13,7 +13,7 @@ from sandbox.wire import ToolSpec
 MODERN = "2026-07-28"
 LEGACY = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 ALL = LEGACY + (MODERN,)
-ACTION_TYPES = (Reply, ToolCall, Cancel, Listen, Batch)
+ACTION_TYPES = (Reply, ToolCall, Cancel, Listen, Batch, ClientResponse)
 
 OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 

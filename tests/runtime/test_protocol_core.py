@@ -34,7 +34,8 @@ from protocol_fakes import (
     result_of,
 )
 
-from runtime.protocol.core import Core
+from runtime.protocol.core import ClientResponse, Core
+from sandbox import wire
 
 SUPPORTED = {"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"}
 
@@ -478,10 +479,18 @@ def test_cancelled_notification_becomes_a_cancel_action_for_that_id(request_id: 
     assert action == Cancel(request_id)
 
 
-def test_a_response_sent_by_the_client_is_ignored() -> None:
+def test_a_response_sent_by_the_client_is_read_as_its_answer_to_one_of_our_requests_never_answered() -> None:
     core = core_for()
-    assert core.receive(ConnState(), b'{"jsonrpc":"2.0","id":3,"result":{}}') == Reply(None)
-    assert core.receive(ConnState(), b'{"jsonrpc":"2.0","id":3,"error":{"code":1,"message":"x"}}') == Reply(None)
+    ok = core.receive(ConnState(), b'{"jsonrpc":"2.0","id":"toolcell-3","result":{"roots":[]}}')
+    assert isinstance(ok, ClientResponse) and ok.request_id == "toolcell-3" and ok.error is None
+    assert core.read_client_response(ok, "roots-1") == wire.InputResponse("roots-1", "result", {"roots": []})
+    bad = core.receive(ConnState(), b'{"jsonrpc":"2.0","id":3,"error":{"code":1,"message":"no"}}')
+    assert isinstance(bad, ClientResponse) and bad.result is None
+    answer = core.read_client_response(bad, "k")
+    assert answer.outcome == "error" and "no" in answer.message
+    not_object = core.receive(ConnState(), b'{"jsonrpc":"2.0","id":3,"result":[1]}')
+    assert isinstance(not_object, ClientResponse)
+    assert core.read_client_response(not_object, "k").outcome == "error"
 
 
 @pytest.mark.parametrize("data", [b"{", b"not json", b'{"jsonrpc":"2.0",}', b"\xff\xfe", b'{"a":1}x', b"[1,"])
