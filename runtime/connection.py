@@ -28,7 +28,7 @@ stdio writes every sink to stdout; HTTP gives each POST a sink of its own and ch
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, assert_never
 
@@ -50,10 +50,11 @@ from runtime.protocol.core import (
     Reply,
     Request,
     Stopped,
+    TaskRequest,
     ToolCall,
 )
 from runtime.protocol.errors import InternalError, InvalidRequest, McpError, ShuttingDown
-from runtime.running import RunningCall, Sink
+from runtime.running import CallOwner, RunningCall, Sink
 from sandbox import wire
 
 
@@ -108,14 +109,34 @@ class BatchStarted:
     batch: Batch
 
 
-Dispatched = Answered | Started | Subscribed | BatchStarted
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """An answer that takes a trip to the task store (creating a task, a tasks/* request):
+    ``await work()`` gives the bytes to send and the JSON-RPC error code, if it is an error."""
+
+    work: Callable[[], Awaitable[tuple[bytes | None, int | None]]]
+    modern: bool
+
+
+Dispatched = Answered | Started | Subscribed | BatchStarted | Deferred
+
+
+@dataclass(slots=True, eq=False)
+class QuestionRound:
+    """Our requests to a legacy client for one round of a tool's questions: the answers so far,
+    the keys still open, and who gets them all."""
+
+    answers: dict[str, wire.InputResponse]
+    waiting: set[str]
+    deliver: Callable[[list[wire.InputResponse]], None]
+    done: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class _Outgoing:
-    """A request of ours to the client, on behalf of a tool: whose, and which of its questions."""
+    """A request of ours to the client: which round, and which of its questions."""
 
-    running: RunningCall
+    round: QuestionRound
     key: str
 
 
@@ -142,6 +163,9 @@ class Connection:
         self.inflight: dict[Any, RunningCall] = {}
         #: 2026-07-28 questions and retries (``runtime.mrtr``), shared by every connection of the daemon.
         self.mrtr = daemon.mrtr
+        #: Tasks (``runtime.tasks``): None where the daemon keeps none (``toolcell call``).
+        self.tasks = daemon.tasks
+        self._task_unsubscribes: dict[Any, Callable[[], None]] = {}
         self.listens: dict[Any, tuple[Listen, Sink]] = {}
         #: Our requests to the client that await its response, by the id we gave them.
         self.outgoing: dict[str, _Outgoing] = {}
@@ -196,7 +220,7 @@ class Connection:
 
     def dispatch(self, action: Action, sink: Sink) -> Dispatched:
         """Apply the conversation's rules to one action; ``sink`` is where its messages go."""
-        if self.draining and type(action) in (ToolCall, Listen, Batch):
+        if self.draining and type(action) in (ToolCall, Listen, Batch, TaskRequest):
             return Answered(self._refusal_while_draining(action))
         match action:
             case Reply():
@@ -214,13 +238,27 @@ class Connection:
                         return Started(action)
                     answer, refused = now
                     return Answered(answer, refused.code if refused is not None else None, True, refused)
-                self.start(action, sink)
+                if action.task_mode == "now" and self.tasks is not None:
+                    tasks, call = self.tasks, action
+                    return Deferred(lambda: tasks.create(self, call), action.modern)
+                running = self.start(action, sink)
+                if action.task_mode == "after" and self.tasks is not None:
+                    self.tasks.promote_later(self, running, action.task_after_ms)
                 return Started(action)
+            case TaskRequest():
+                if self.tasks is None:
+                    error = InvalidRequest("Invalid Request: this server keeps no tasks here")
+                    return Answered(rpc.error_reply(action.id_bytes, error), error.code, action.modern, error)
+                tasks, request = self.tasks, action
+                return Deferred(lambda: tasks.handle(self, request), action.modern)
             case Cancel():
                 self.cancel(action.request_id)
                 return Answered(None)
             case Listen():
                 self.listens[action.request_id] = (action, sink)
+                if action.task_ids and self.tasks is not None:
+                    self._task_unsubscribes[action.request_id] = self.tasks.subscribe(
+                        self.principal or "", action.task_ids, sink, action.id_bytes)
                 if self._unsubscribe is None:
                     self._unsubscribe = self.daemon.subscribe(self._on_catalog_change)
                 sink.emit(self.core.subscription_ack(action))
@@ -243,13 +281,16 @@ class Connection:
             error = self.admit(call)
         return None if error is None else (error, self.core.call_error(call, error))
 
-    def start(self, call: ToolCall, sink: Sink, given: dict[str, Any] | None = None) -> RunningCall:
+    def start(self, call: ToolCall, sink: Sink, given: dict[str, Any] | None = None,
+              owner: CallOwner | None = None) -> RunningCall:
         """Run ``call``; its messages go to ``sink`` for as long as this connection owns it. ``given``:
-        answers the client gave before being asked (a 2026-07-28 call run again from the start)."""
-        running = RunningCall(call, sink, self, self.principal, given=given)
-        self.inflight[call.request_id] = running
-        if self._idle.is_set():
-            self._idle = trio.Event()
+        answers the client gave before being asked (a 2026-07-28 call run again from the start).
+        ``owner``: someone else hears it from the start (a task)."""
+        running = RunningCall(call, sink, owner or self, self.principal, given=given)
+        if owner is None:
+            self.inflight[call.request_id] = running
+            if self._idle.is_set():
+                self._idle = trio.Event()
 
         def on_frame(frame: Any) -> None:
             running.owner.call_frame(running, frame)
@@ -316,68 +357,85 @@ class Connection:
             return
         if call.modern:
             # 2026-07-28 has no server->client requests: the call ends in ``input_required``.
-            self._ask_modern(running, ask)
+            self.mrtr.ask(self, running, ask)
             return
-        version = self.state.legacy_version or call.version
-        if self.answers_closed is not None:
-            self.calls.answer(call, running.handle, [], "cancelled", self.answers_closed)
-            return
+
+        def deliver(responses: list[wire.InputResponse]) -> None:
+            running.round = None
+            self.calls.answer(call, running.handle, responses)
+
+        running.round = self.ask_client(ask.requests, self.state.legacy_version or call.version, call.client_caps,
+                                        running.sink, deliver)
+
+    def ask_client(self, requests: list[wire.InputRequest], version: str, caps: dict[str, Any] | None, sink: Sink,
+                   deliver: Callable[[list[wire.InputResponse]], None],
+                   meta: dict[str, Any] | None = None) -> QuestionRound | None:
+        """Send a legacy client our requests for ``requests`` on ``sink`` (only those it declared the
+        capability for; the others are answered "declined_capability" at once). ``deliver`` gets every
+        answer, once, when the last one is in; the round is returned (None: delivered already)."""
         answers: dict[str, wire.InputResponse] = {}
         waiting: set[str] = set()
-        can_stream = getattr(running.sink, "can_stream", True)
-        for request in ask.requests:
-            why = eras.input_refusal(version, call.client_caps, request.method, request.params)
+        can_stream = getattr(sink, "can_stream", True)
+        round_ = QuestionRound(answers, waiting, deliver)
+        for request in requests:
+            why = self.answers_closed or eras.input_refusal(version, caps, request.method, request.params)
             if why is None and not can_stream:
                 why = "the client's request cannot carry our requests (it does not accept text/event-stream)"
             if why is not None:
-                answers[request.key] = wire.InputResponse(request.key, "declined_capability", message=why)
+                outcome = "cancelled" if why == self.answers_closed else "declined_capability"
+                answers[request.key] = wire.InputResponse(request.key, outcome, message=why)
                 continue
             self._next_server_id += 1
             server_id = f"toolcell-{self._next_server_id}"
-            self.outgoing[server_id] = _Outgoing(running, request.key)
+            self.outgoing[server_id] = _Outgoing(round_, request.key)
             waiting.add(request.key)
-            running.sink.emit(self.core.server_request(server_id, request, version))
+            sink.emit(self.core.server_request(server_id, request, version, meta))
         if not waiting:
-            self.calls.answer(call, running.handle, list(answers.values()))
-            return
-        running.answers = answers
-        running.waiting = waiting
-
-    def _ask_modern(self, running: RunningCall, ask: wire.Ask) -> None:
-        self.mrtr.ask(self, running, ask)
+            deliver(list(answers.values()))
+            return None
+        return round_
 
     def _client_response(self, response: ClientResponse) -> None:
-        """The client answered one of our requests: give the answer to the tool that asked."""
+        """The client answered one of our requests: give the answer to whoever asked."""
         if not isinstance(response.request_id, str):
             return
         outgoing = self.outgoing.pop(response.request_id, None)
         if outgoing is None:
             return  # not ours, or late (the question timed out, the call ended): ignored
-        running = outgoing.running
-        if running.waiting is None or running.answers is None or outgoing.key not in running.waiting:
+        round_ = outgoing.round
+        if round_.done or outgoing.key not in round_.waiting:
             return
-        running.answers[outgoing.key] = self.core.read_client_response(response, outgoing.key)
-        running.waiting.discard(outgoing.key)
-        if not running.waiting:
-            answers = list(running.answers.values())
-            running.answers = running.waiting = None
-            self.calls.answer(running.call, running.handle, answers)
+        round_.answers[outgoing.key] = self.core.read_client_response(response, outgoing.key)
+        round_.waiting.discard(outgoing.key)
+        if not round_.waiting:
+            round_.done = True
+            round_.deliver(list(round_.answers.values()))
 
     def stop_asking(self, reason: str) -> None:
         """The client can no longer answer (its input ended): every question waiting on it is
         answered "cancelled" now, instead of at its timeout, and so is every later one."""
         self.answers_closed = reason
-        for running in list(self.inflight.values()):
-            if running.waiting is not None:
-                self._forget_questions(running)
-                self.calls.answer(running.call, running.handle, [], "cancelled", reason)
+        rounds = {id(o.round): o.round for o in self.outgoing.values()}
+        self.outgoing.clear()
+        for round_ in rounds.values():
+            self._close_round(round_, reason)
+
+    def _close_round(self, round_: QuestionRound, reason: str) -> None:
+        if round_.done:
+            return
+        round_.done = True
+        for key in round_.waiting:
+            round_.answers[key] = wire.InputResponse(key, "cancelled", message=reason)
+        round_.deliver(list(round_.answers.values()))
 
     def _forget_questions(self, running: RunningCall) -> None:
-        if running.waiting is None:
+        round_ = running.round
+        if round_ is None:
             return
-        for server_id in [k for k, v in self.outgoing.items() if v.running is running]:
+        running.round = None
+        round_.done = True
+        for server_id in [k for k, v in self.outgoing.items() if v.round is round_]:
             del self.outgoing[server_id]
-        running.answers = running.waiting = None
 
     def cancel(self, request_id: Any) -> None:
         """The client cancelled ``request_id``: its call stops (worker included) or its listen ends."""
@@ -392,11 +450,18 @@ class Connection:
         entry = self.listens.pop(request_id, None)
         if entry is not None:
             listen, sink = entry
+            self._unsubscribe_tasks(request_id)
             sink.done(self.core.subscription_end(listen))
 
     def end_listen(self, request_id: Any) -> None:
         """The transport's stream for a listen is gone: forget it without answering."""
         self.listens.pop(request_id, None)
+        self._unsubscribe_tasks(request_id)
+
+    def _unsubscribe_tasks(self, request_id: Any) -> None:
+        unsubscribe = self._task_unsubscribes.pop(request_id, None)
+        if unsubscribe is not None:
+            unsubscribe()
 
     async def run_batch(self, batch: Batch) -> bytes | None:
         """Run a batch's members concurrently; the one array answer (None: nothing to answer)."""
@@ -429,7 +494,7 @@ class Connection:
                                 self.cancel(action.request_id)
                             case ClientResponse():
                                 self._client_response(action)
-                            case Listen() | Batch():  # the core never puts these in a batch
+                            case Listen() | Batch() | TaskRequest():  # the core never puts these in a batch
                                 pass
                             case _:
                                 assert_never(action)
@@ -449,7 +514,7 @@ class Connection:
         match action:
             case ToolCall():
                 return self.core.call_error(action, error)
-            case Listen():
+            case Listen() | TaskRequest():
                 return rpc.error_reply(action.id_bytes, error)
             case Batch():
                 parts = []
@@ -484,6 +549,9 @@ class Connection:
         for request_id in list(self.inflight):
             self.cancel(request_id)
         self.listens.clear()
+        for unsubscribe in self._task_unsubscribes.values():
+            unsubscribe()
+        self._task_unsubscribes.clear()
 
     async def wait_idle(self) -> None:
         while self.inflight:

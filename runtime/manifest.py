@@ -27,6 +27,10 @@ Example::
     network = ["api.example.com:443"]   # only through the daemon's egress proxy (runtime.egress_rules)
     read = ["/usr/share/zoneinfo"]
     write = []
+
+    [tools.word_count]           # per tool (its name without the prefix); overrides the decorator
+    task_support = "optional"    # forbidden | optional | required: may a call run as a task
+    task_after_ms = 500          # 2026-07-28: a task only if not finished after 500 ms
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
 
 from runtime import declared_bounds
 from runtime.egress_rules import parse_entry
@@ -60,6 +65,15 @@ class EnvSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     set: dict[str, str] = {}
 
 
+class ToolPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[tools.NAME]``: what the plugin's operator decides for one tool, over its decorator."""
+
+    #: Whether calls may run as tasks: forbidden, optional or required.
+    task_support: Literal["forbidden", "optional", "required"] | None = None
+    #: 2026-07-28: become a task only when not finished after this many ms (0: at once).
+    task_after_ms: Annotated[int, Meta(ge=0, le=3_600_000)] | None = None
+
+
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     version: str
@@ -70,6 +84,8 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     limits: Limits = Limits()
     env: EnvSpec = EnvSpec()
     permissions: Permissions = Permissions()
+    #: Per-tool policy by the tool's name in the plugin (without the prefix).
+    tools: dict[str, ToolPolicy] = {}
 
 
 class ManifestError(Exception):

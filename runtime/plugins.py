@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+import msgspec
 import trio
 
 from runtime.logs import log
@@ -80,7 +81,15 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
         return plugin
     plugin.layers = list(ready.layers)
     seen: set[str] = set()
+    policies = plugin.manifest.tools
+    for unknown in sorted(set(policies) - {t.name for t in ready.tools}):
+        plugin.problems.append(f"[tools.{unknown}] names no tool of this plugin")
     for spec_ in ready.tools:
+        policy_ = policies.get(spec_.name)
+        if policy_ is not None:
+            spec_ = msgspec.structs.replace(
+                spec_, task_support=policy_.task_support or spec_.task_support,
+                task_after_ms=policy_.task_after_ms if policy_.task_after_ms is not None else spec_.task_after_ms)
         public = plugin.manifest.prefix + spec_.name
         if public in seen:
             plugin.problems.append(f"tool {public!r} is defined twice")

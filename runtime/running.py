@@ -52,9 +52,8 @@ class RunningCall:
     owner: CallOwner
     principal: str | None = None
     handle: Any = None
-    #: Legacy: the round of questions the tool waits on: answers so far, by key, and keys still open.
-    answers: dict[str, wire.InputResponse] | None = None
-    waiting: set[str] | None = None
+    #: Legacy: the round of our requests the tool waits on (``runtime.connection.QuestionRound``).
+    round: Any = None
     #: 2026-07-28: answers the client already gave (its ``inputResponses`` and earlier rounds'), by key,
     #: and the open round (what was answered already, and the requests still open).
     given: dict[str, Any] | None = None

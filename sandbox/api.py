@@ -233,6 +233,9 @@ class ToolDef:
     #: True when the function's return value must be wrapped as {"result": value}.
     wrap_result: bool
     is_async: bool
+    #: Tasks: "forbidden", "optional" or "required", and when a 2026-07-28 call becomes one.
+    task_support: str = "forbidden"
+    task_after_ms: int | None = None
 
 
 #: Tools registered by the plugin being loaded, in definition order.
@@ -312,8 +315,18 @@ def tool(
     input_schema: dict[str, Any] | None = None,
     output_schema: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
+    task_support: str = "forbidden",
+    task_after_ms: int | None = None,
 ) -> Any:
-    """Register a function as a tool. Usable bare (``@tool``) or with options (``@tool(...)``)."""
+    """Register a function as a tool. Usable bare (``@tool``) or with options (``@tool(...)``).
+
+    ``task_support``: whether a call may run as a task (a long-running call the client polls):
+    "forbidden" (default), "optional" or "required". A 2025-11-25 client asks for a task itself; for a
+    2026-07-28 client that declared the tasks extension the daemon decides: at once, or, with
+    ``task_after_ms``, only if the call has not finished after that many milliseconds (the call's
+    questions before then are asked inline)."""
+    if task_support not in ("forbidden", "optional", "required"):
+        raise ValueError(f"task_support must be forbidden, optional or required, not {task_support!r}")
 
     def register(func: Callable[..., Any]) -> Callable[..., Any]:
         doc_description, param_docs = _parse_docstring(func.__doc__)
@@ -367,6 +380,8 @@ def tool(
                 structured=structured,
                 wrap_result=wrap,
                 is_async=inspect.iscoroutinefunction(func),
+                task_support=task_support,
+                task_after_ms=task_after_ms,
             )
         )
         return func

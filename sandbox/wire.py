@@ -160,6 +160,11 @@ class ToolSpec(msgspec.Struct, frozen=True):
     annotations: Union[dict[str, Any], None] = None
     icons: Union[list[dict[str, Any]], None] = None
     meta: Union[dict[str, Any], None] = None
+    #: Tasks (long-running calls): "forbidden" (the default), "optional" or "required".
+    task_support: str = "forbidden"
+    #: 2026-07-28: run the call inline and make it a task only if it has not finished after this
+    #: many ms (None: a task at once, when the client declared the tasks extension).
+    task_after_ms: Union[int, None] = None
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True, array_like=True):

@@ -93,6 +93,8 @@ def _tool_specs(tools: list[api.ToolDef]) -> list[ToolSpec]:
             annotations=t.annotations,
             icons=t.icons,
             meta=t.meta,
+            task_support=t.task_support,
+            task_after_ms=t.task_after_ms,
         )
         for t in tools
     ]

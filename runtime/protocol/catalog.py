@@ -59,6 +59,8 @@ class ToolEntry:
             obj["icons"] = spec.icons
         if spec.meta and "_meta" in fields:
             obj["_meta"] = spec.meta
+        if spec.task_support != "forbidden" and "execution" in fields:
+            obj["execution"] = {"taskSupport": spec.task_support}
         data = _encoder.encode(obj)
         self._encoded[version] = data
         return data

@@ -21,7 +21,7 @@ from typing import Any, Callable, assert_never
 import msgspec
 
 from runtime import __version__
-from runtime.protocol import eras
+from runtime.protocol import eras, task_shapes
 from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.errors import (
     INVALID_PARAMS,
@@ -57,6 +57,8 @@ class CallParams(msgspec.Struct):
     #: 2026-07-28 retry of an ``input_required`` call: the client's answers, by key, and our sealed state.
     inputResponses: Any = None
     requestState: Any = None
+    #: 2025-11-25: ``{ttl?}`` asks for the call to run as a task.
+    task: Any = None
 
 
 class InitializeParams(_Params):
@@ -81,6 +83,12 @@ class ListenParams(_Params):
     notifications: Any = None
 
 
+class TaskParams(_Params):
+    taskId: Any = None
+    cursor: Any = None
+    inputResponses: Any = None
+
+
 class OtherParams(_Params):
     """A method toolcell does not serve: only what the HTTP headers mirror is read."""
 
@@ -97,6 +105,8 @@ _PARAMS: dict[str, msgspec.json.Decoder[Any]] = {
     "logging/setLevel": msgspec.json.Decoder(SetLevelParams),
     "notifications/cancelled": msgspec.json.Decoder(CancelledParams),
     "subscriptions/listen": msgspec.json.Decoder(ListenParams),
+    **{method: msgspec.json.Decoder(TaskParams) for method in
+       ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel", "tasks/update")},
 }
 _other_params: msgspec.json.Decoder[Any] = msgspec.json.Decoder(OtherParams)
 
@@ -181,6 +191,10 @@ class ToolCall:
     #: 2026-07-28 retry: the client's answers by key (each a result object) and the sealed state it echoes.
     input_responses: dict[str, Any] | None = None
     request_state: str | None = None
+    #: Run as a task: "" (no), "now", or "after" (2026-07-28: if not finished after ``task_after_ms``).
+    task_mode: str = ""
+    task_ttl_ms: int | None = None
+    task_after_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +208,8 @@ class Listen:
     request_id: Any
     tools_list_changed: bool
     version: str
+    #: 2026-07-28 tasks extension: ``notifications/tasks`` for these tasks on this stream.
+    task_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,8 +226,23 @@ class ClientResponse:
     error: msgspec.Raw | None
 
 
+@dataclass(frozen=True, slots=True)
+class TaskRequest:
+    """``tasks/get``, ``tasks/result``, ``tasks/list``, ``tasks/cancel`` or ``tasks/update`` (the
+    connection answers it from the task store: ``runtime.tasks``)."""
+
+    id_bytes: bytes
+    request_id: Any
+    method: str
+    task_id: str | None
+    version: str
+    modern: bool
+    cursor: Any = None
+    input_responses: dict[str, Any] | None = None
+
+
 #: Everything ``Core.handle`` can return; a connection dispatches it with ``match``.
-Action = Reply | ToolCall | Cancel | Listen | Batch | ClientResponse
+Action = Reply | ToolCall | Cancel | Listen | Batch | ClientResponse | TaskRequest
 
 
 # -- outcomes: how a call ended (``runtime.calls``), turned into bytes by ``Core.answer`` -------------
@@ -246,6 +277,19 @@ class Stopped:
 
 
 Outcome = Completed | Failed | Refused | Stopped
+
+
+_LEGACY_TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/list", "tasks/cancel"})
+_MODERN_TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
+_TASKS_REQUIRED: dict[str, Any] = {"requiredCapabilities": {"extensions": {task_shapes.EXTENSION: {}}}}
+
+
+def _require_tasks_extension(caps: Any) -> None:
+    """2026-07-28: tasks are only for a request whose client declared the extension (-32021)."""
+    extensions = caps.get("extensions") if isinstance(caps, dict) else None
+    if not (isinstance(extensions, dict) and task_shapes.EXTENSION in extensions):
+        raise MissingClientCapability(
+            f"Missing required client capability: the {task_shapes.EXTENSION} extension", _TASKS_REQUIRED)
 
 
 def _clip(value: Any, limit: int = 80) -> str:
@@ -388,6 +432,8 @@ class Core:
         if method == "logging/setLevel":
             state.log_level = _level_index(params.level if params is not None else None)
             return Reply(rpc.response(id_bytes, b"{}"))
+        if method in _LEGACY_TASK_METHODS and eras.has_core_tasks(version):
+            return self._task_request(env, id_bytes, method, params, version, modern=False)
         raise MethodNotFound(f"Method not found: {_clip(method)}")
 
     def _initialize(self, state: ConnState, id_bytes: bytes, params: Any) -> Reply:
@@ -404,7 +450,7 @@ class Core:
         )
         result: dict[str, Any] = {
             "protocolVersion": version,
-            "capabilities": eras.server_capabilities(),
+            "capabilities": eras.server_capabilities(version),
             "serverInfo": info,
         }
         if self.instructions:
@@ -431,7 +477,7 @@ class Core:
         if method == "server/discover":
             body = _enc.encode({
                 "supportedVersions": list(reversed(eras.ALL_VERSIONS)),
-                "capabilities": eras.server_capabilities(),
+                "capabilities": eras.server_capabilities(eras.V2026_07_28),
                 **({"instructions": self.instructions} if self.instructions else {}),
                 "ttlMs": self.list_ttl_ms,
                 "cacheScope": "public",
@@ -456,7 +502,15 @@ class Core:
             if notes is not None and not isinstance(notes, dict):
                 raise InvalidParams("Invalid params: notifications must be an object")
             wanted = bool((notes or {}).get("toolsListChanged"))
-            return Listen(id_bytes, env.id, wanted, version)
+            task_ids = (notes or {}).get("taskIds")
+            if task_ids is not None:
+                _require_tasks_extension(caps)
+                if not isinstance(task_ids, list) or not all(isinstance(t, str) and 0 < len(t) <= 128 for t in task_ids):
+                    raise InvalidParams("Invalid params: notifications.taskIds must be a list of task ids")
+            return Listen(id_bytes, env.id, wanted, version, tuple(dict.fromkeys(task_ids or ())))
+        if method in _MODERN_TASK_METHODS:
+            _require_tasks_extension(caps)
+            return self._task_request(env, id_bytes, method, params, version, modern=True)
         raise MethodNotFound(f"Method not found: {_clip(method)}")
 
     def _wrap_modern(self, body: bytes) -> bytes:
@@ -510,8 +564,10 @@ class Core:
             state_text = params.requestState
             if state_text is not None and not isinstance(state_text, str):
                 raise InvalidParams("Invalid params: requestState must be the string the server sent")
+        task_mode, task_ttl_ms, task_after_ms = self._task_wish(entry, params, version, modern, client_caps)
         call = ToolCall(id_bytes, env.id, entry, args, version, token, log_level, modern,
-                        client_caps if isinstance(client_caps, dict) else None, responses, state_text)
+                        client_caps if isinstance(client_caps, dict) else None, responses, state_text,
+                        task_mode, task_ttl_ms, task_after_ms)
         try:
             problem = describe_validation_error(entry.checked.validator, args)
         except (ValueError, RecursionError):
@@ -523,6 +579,92 @@ class Core:
                              refused=(entry.name, "invalid_arguments"))
             raise InvalidParams(message)
         return call
+
+    @staticmethod
+    def _task_wish(entry: ToolEntry, params: CallParams, version: str, modern: bool,
+                   client_caps: Any) -> tuple[str, int | None, int]:
+        """Whether this call runs as a task (mode, requested ttl, ms before it becomes one), or the
+        error that refuses it (the tool's ``task_support`` against what the client asked or declared)."""
+        spec = entry.checked.spec
+        support = spec.task_support
+        if modern:
+            caps = client_caps if isinstance(client_caps, dict) else {}
+            extensions = caps.get("extensions")
+            declared = isinstance(extensions, dict) and task_shapes.EXTENSION in extensions
+            if not declared:
+                if support == "required":
+                    raise MissingClientCapability(
+                        f"Missing required client capability: tool {entry.name} runs only as a task "
+                        f"(declare the {task_shapes.EXTENSION} extension)", _TASKS_REQUIRED)
+                return "", None, 0
+            if support == "forbidden":
+                return "", None, 0
+            after = spec.task_after_ms or 0
+            return ("after" if after > 0 else "now"), None, after
+        if not eras.has_core_tasks(version):
+            return "", None, 0
+        wish = params.task
+        if wish is None:
+            if support == "required":
+                raise MethodNotFound(f"Tool {entry.name} must be called as a task (params.task)")
+            return "", None, 0
+        if not isinstance(wish, dict):
+            raise InvalidParams("Invalid params: task must be an object")
+        if support == "forbidden":
+            raise MethodNotFound(f"Tool {entry.name} does not support task-augmented calls")
+        ttl = wish.get("ttl")
+        if ttl is not None and (type(ttl) is not int or ttl < 0):
+            raise InvalidParams("Invalid params: task.ttl must be a non-negative integer (ms)")
+        return "now", ttl, 0
+
+    def _task_request(self, env: rpc.Envelope, id_bytes: bytes, method: str, params: Any, version: str,
+                      modern: bool) -> TaskRequest:
+        task_id = params.taskId if params is not None else None
+        if method == "tasks/list":
+            return TaskRequest(id_bytes, env.id, method, None, version, modern, params.cursor if params else None)
+        if not isinstance(task_id, str) or not task_id:
+            raise InvalidParams("Invalid params: taskId (a string) is required")
+        responses = None
+        if method == "tasks/update":
+            responses = params.inputResponses
+            if not isinstance(responses, dict) or not all(isinstance(v, dict) for v in responses.values()):
+                raise InvalidParams("Invalid params: inputResponses must map each key to the client's result object")
+        return TaskRequest(id_bytes, env.id, method, task_id, version, modern, None, responses)
+
+    def task_reply(self, request: TaskRequest, body: bytes) -> bytes:
+        """The response to a tasks/* request whose result object is ``body``."""
+        if request.modern:
+            return rpc.response(request.id_bytes, body[:-1] + b"," + self._modern_meta + b"}")
+        return rpc.response(request.id_bytes, body)
+
+    def task_created(self, call: ToolCall, view: task_shapes.TaskView) -> bytes:
+        """The answer to a ``tools/call`` that became a task."""
+        if call.modern:
+            body = task_shapes.modern_create_result(view)
+            return rpc.response(call.id_bytes, body[:-1] + b"," + self._modern_meta + b"}")
+        return rpc.response(call.id_bytes, task_shapes.legacy_create_result(view))
+
+    def outcome_body(self, call: ToolCall, outcome: Outcome, max_output_bytes: int
+                     ) -> tuple[bytes | None, McpError | None, str | None]:
+        """What a call's outcome comes to, as a result object's JSON or an error (for a task to
+        keep), and a plugin-bug description for the log. Result objects carry no ``resultType``
+        wrapping beyond what their era defines."""
+        match outcome:
+            case Completed(result) if result.missing_capability is not None and call.modern:
+                return None, self._missing_capability(call, result.missing_capability), None
+            case Refused(error):
+                return None, error, None
+            case Completed(result):
+                body, bug = self._call_result_body(call, result, max_output_bytes, in_task=True)
+                return body, None, bug
+            case Failed(failure):
+                text = call_failure_text(call.entry.name, failure)
+                return self._result_body(call, [{"type": "text", "text": text}], None, True, True), None, None
+            case Stopped(reason):
+                text = f"Tool {call.entry.name} was stopped: {reason}"
+                return self._result_body(call, [{"type": "text", "text": text}], None, True, True), None, None
+            case _:
+                assert_never(outcome)
 
     def _notification(self, state: ConnState, method: str, params: Any) -> Action:
         if method == "notifications/initialized":
@@ -591,6 +733,11 @@ class Core:
 
     def call_result(self, call: ToolCall, result: wire.Result, max_output_bytes: int) -> tuple[bytes, str | None]:
         """The response for a finished call, and a plugin-bug description for the log (or None)."""
+        body, bug = self._call_result_body(call, result, max_output_bytes)
+        return rpc.response(call.id_bytes, body), bug
+
+    def _call_result_body(self, call: ToolCall, result: wire.Result, max_output_bytes: int,
+                          in_task: bool = False) -> tuple[bytes, str | None]:
         bug: str | None = None
         try:
             content = sanitize_content(result.content)
@@ -609,10 +756,11 @@ class Core:
             size = encoded_size(content) + (encoded_size(structured) if structured is not None else 0)
             if size > max_output_bytes:
                 raise PluginOutputError(f"the result is {size} bytes, over the tool's {max_output_bytes}-byte limit")
-            data = self._result_bytes(call, content, structured, result.is_error)
+            data = self._result_body(call, content, structured, result.is_error, in_task)
         except PluginOutputError as exc:
             bug = str(exc)
-            data = self._result_bytes(call, [{"type": "text", "text": f"Tool {call.entry.name} produced invalid output: {exc}"}], None, True)
+            data = self._result_body(call, [{"type": "text", "text": f"Tool {call.entry.name} produced invalid output: {exc}"}],
+                                     None, True, in_task)
         return data, bug
 
     def input_required(self, call: ToolCall, requests: list[wire.InputRequest], request_state: str | None) -> bytes:
@@ -628,11 +776,7 @@ class Core:
         """The response for a call's outcome, and a plugin-bug description for the log (or None)."""
         match outcome:
             case Completed(result) if result.missing_capability is not None and call.modern:
-                capability = result.missing_capability if result.missing_capability in eras.INPUT_CAPABILITIES \
-                    else "sampling"
-                return self.call_error(call, MissingClientCapability(
-                    f"Missing required client capability: {capability} (tool {call.entry.name} needs it)",
-                    {"requiredCapabilities": {capability: {}}})), None
+                return self.call_error(call, self._missing_capability(call, result.missing_capability)), None
             case Completed(result):
                 return self.call_result(call, result, max_output_bytes)
             case Failed(failure):
@@ -643,6 +787,13 @@ class Core:
                 return self.call_failed(call, f"Tool {call.entry.name} was stopped: {reason}"), None
             case _:
                 assert_never(outcome)
+
+    @staticmethod
+    def _missing_capability(call: ToolCall, capability: str) -> MissingClientCapability:
+        if capability not in eras.INPUT_CAPABILITIES:
+            capability = "sampling"
+        return MissingClientCapability(f"Missing required client capability: {capability} "
+                                       f"(tool {call.entry.name} needs it)", {"requiredCapabilities": {capability: {}}})
 
     @staticmethod
     def error_code(call: ToolCall, outcome: Outcome) -> int | None:
@@ -661,16 +812,23 @@ class Core:
         return rpc.error_reply(call.id_bytes, error)
 
     def _result_bytes(self, call: ToolCall, content: list[dict[str, Any]], structured: Any, is_error: bool) -> bytes:
+        return rpc.response(call.id_bytes, self._result_body(call, content, structured, is_error))
+
+    def _result_body(self, call: ToolCall, content: list[dict[str, Any]], structured: Any, is_error: bool,
+                     in_task: bool = False) -> bytes:
+        """A ``CallToolResult`` object; ``in_task``: kept in a task (2026-07-28: ``resultType`` but no
+        serverInfo ``_meta``)."""
         version = call.version
-        obj: dict[str, Any] = {"content": eras.shape_content(version, content)}
+        obj: dict[str, Any] = {"resultType": "complete"} if call.modern and in_task else {}
+        obj["content"] = eras.shape_content(version, content)
         if structured is not None and eras.has_structured_content(version):
             obj["structuredContent"] = structured
         if is_error:
             obj["isError"] = True
         body = _enc.encode(obj)
-        if call.modern:
+        if call.modern and not in_task:
             body = self._wrap_modern(body)
-        return rpc.response(call.id_bytes, body)
+        return body
 
     def progress_notification(self, call: ToolCall, frame: wire.Progress) -> bytes | None:
         if call.progress_token is None:

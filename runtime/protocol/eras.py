@@ -49,7 +49,7 @@ _TOOL_FIELDS: dict[str, tuple[str, ...]] = {
     V2024_11_05: (),
     V2025_03_26: ("annotations",),
     V2025_06_18: ("annotations", "title", "outputSchema", "_meta"),
-    V2025_11_25: ("annotations", "title", "outputSchema", "_meta", "icons"),
+    V2025_11_25: ("annotations", "title", "outputSchema", "_meta", "icons", "execution"),
     V2026_07_28: ("annotations", "title", "outputSchema", "_meta", "icons"),
 }
 
@@ -118,8 +118,18 @@ def shape_content(version: str, items: list[dict[str, Any]]) -> list[dict[str, A
     return out
 
 
-def server_capabilities() -> dict[str, Any]:
-    return {"tools": {"listChanged": True}, "logging": {}}
+def has_core_tasks(version: str) -> bool:
+    """Tasks in the core protocol: 2025-11-25 only (2026-07-28 moved them into an extension)."""
+    return version == V2025_11_25
+
+
+def server_capabilities(version: str) -> dict[str, Any]:
+    caps: dict[str, Any] = {"tools": {"listChanged": True}, "logging": {}}
+    if has_core_tasks(version):
+        caps["tasks"] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+    elif version in MODERN_VERSIONS:
+        caps["extensions"] = {"io.modelcontextprotocol/tasks": {}}
+    return caps
 
 
 # -- a tool asking the client: what each revision can carry, and what a client must have declared --

@@ -196,6 +196,10 @@ def check_tool(spec: ToolSpec, public_name: str) -> tuple[CheckedTool | None, li
             problems.append(f"{where} annotations.title: must be a string")
     if spec.icons is not None:
         _check_icons(spec.icons, f"{where} icons", problems)
+    if spec.task_support not in ("forbidden", "optional", "required"):
+        problems.append(f"{where}: task_support must be forbidden, optional or required")
+    if spec.task_after_ms is not None and not 0 <= spec.task_after_ms <= 3_600_000:
+        problems.append(f"{where}: task_after_ms must be between 0 and 3600000")
     if problems:
         return None, problems
     return CheckedTool(spec, validator, output_validator, headers), []

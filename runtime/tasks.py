@@ -1,0 +1,551 @@
+"""Tasks: tool calls that run long, polled by their client, kept durably (both eras).
+
+How this works:
+
+* A task is created by a ``tools/call`` the core marked ``task_mode`` (``runtime.protocol.core``:
+  a 2025-11-25 client asked with ``params.task``; a 2026-07-28 client declared the tasks extension
+  and the tool's policy says so). ``TaskManager.create`` writes the record to the task store
+  (``runtime.task_store``: SQLite by default, Redis to share tasks between daemons) *before* the
+  client hears the task id, then runs the call with the task as its owner (``TaskRun``). With
+  ``task_after_ms`` the call starts inline and becomes a task only if it is still running then
+  (``promote_later``); questions it asks before that are asked inline.
+* A ``TaskRun`` turns what its call does into store transitions: a question round makes the task
+  ``input_required`` (its open requests stored as ``inputRequests``), the outcome makes it
+  ``completed`` or ``failed`` (2026-07-28: a tool's ``isError`` result is ``completed``; 2025-11-25:
+  ``failed``). Transitions are compare-and-set, so a cancelled task stays cancelled.
+* ``tasks/get``, ``tasks/list``, ``tasks/result`` read the store, scoped to the caller's principal
+  (another principal's task reads as unknown). ``tasks/cancel`` and ``tasks/update`` act on the
+  call directly when this daemon runs it, and otherwise leave a message in the task's mailbox for
+  the daemon that does (``serve`` takes them), so any daemon sharing the store can serve any task.
+* A 2025-11-25 task's questions go to the client through a connection that called ``tasks/result``
+  on it (server->client requests carrying the related-task ``_meta``); a 2026-07-28 client answers
+  with ``tasks/update``. ``notifications/tasks`` (2026-07-28 ``subscriptions/listen`` with
+  ``taskIds``) and ``notifications/tasks/status`` (2025-11-25, to the connection that created the
+  task) report transitions of the tasks this daemon runs.
+* ``serve`` heartbeats for this daemon, fails the tasks of daemons that died (``recover_orphans``:
+  a task is never left ``working``), expires old tasks and drains the mailboxes of local tasks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+import trio
+
+from runtime.logs import log
+from runtime.protocol import eras, task_shapes
+from runtime.protocol import jsonrpc as rpc
+from runtime.protocol.core import Core, Outcome, TaskRequest, ToolCall
+from runtime.protocol.errors import InvalidParams, McpError, ServerBusy
+from runtime.protocol.task_shapes import TaskView
+from runtime.running import RunningCall, Sink
+from runtime.task_store import (
+    TaskCapReached,
+    TaskRecord,
+    TaskStore,
+    TaskStoreError,
+    local_owner_verdict,
+    new_owner_id,
+    new_task_id,
+    wall_clock_ms,
+)
+from sandbox import wire
+
+if TYPE_CHECKING:
+    from runtime.calls import CallDispatcher
+    from runtime.config import TasksConfig
+
+_enc = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder()
+#: How often the mailboxes of local tasks are read (cancels and answers from other daemons).
+MAILBOX_POLL_S = 0.1
+
+
+class TaskConversation(Protocol):
+    """What the task manager needs of a connection (``runtime.connection.Connection``)."""
+
+    principal: str | None
+    push: Callable[[bytes], None] | None
+
+    def start(self, call: ToolCall, sink: Sink, given: dict[str, Any] | None = None,
+              owner: Any = None) -> RunningCall: ...
+
+    def release(self, running: RunningCall) -> None: ...
+
+    def ask_client(self, requests: list[wire.InputRequest], version: str, caps: dict[str, Any] | None, sink: Sink,
+                   deliver: Callable[[list[wire.InputResponse]], None],
+                   meta: dict[str, Any] | None = None) -> Any: ...
+
+
+class _PushSink:
+    """A connection's own channel (stdio, a legacy session's GET stream) as a sink."""
+
+    def __init__(self, push: Callable[[bytes], None]) -> None:
+        self.emit = push
+
+    def done(self, data: bytes, error_code: int | None = None) -> None:
+        self.emit(data)
+
+    def cancelled(self) -> None:
+        pass
+
+
+class _NoSink:
+    def emit(self, data: bytes) -> None:
+        pass
+
+    def done(self, data: bytes, error_code: int | None = None) -> None:
+        pass
+
+    def cancelled(self) -> None:
+        pass
+
+
+class TaskRun:
+    """A task this daemon runs: the owner of its call (``CallOwner``)."""
+
+    def __init__(self, manager: TaskManager, record: TaskRecord, call: ToolCall, principal: str) -> None:
+        self.manager = manager
+        self.task_id = record.task_id
+        self.record = record
+        self.call = call
+        self.principal = principal
+        self.running: RunningCall | None = None
+        self.lock = trio.Lock()
+        self.finished = trio.Event()
+        #: The open round of questions: answers so far, the requests still open.
+        self.partial: dict[str, wire.InputResponse] = {}
+        self.open: list[wire.InputRequest] = []
+        #: 2025-11-25: connections waiting in ``tasks/result`` (they carry the questions).
+        self.result_waiters: list[TaskConversation] = []
+        #: 2025-11-25: where ``notifications/tasks/status`` go (the connection that created the task).
+        self.status_push: Callable[[bytes], None] | None = None
+
+    # -- CallOwner -----------------------------------------------------------------------------
+
+    def call_frame(self, running: RunningCall, frame: Any) -> None:
+        if type(frame) is wire.Ask:
+            self.manager.nursery.start_soon(self._ask, frame)
+        # Progress and log messages of a task have no request to travel with: dropped.
+
+    def call_outcome(self, running: RunningCall, outcome: Outcome) -> None:
+        self.manager.nursery.start_soon(self._finish, outcome)
+
+    # -- questions -----------------------------------------------------------------------------
+
+    async def _ask(self, ask: wire.Ask) -> None:
+        call = self.call
+        answered: dict[str, wire.InputResponse] = {}
+        still_open: list[wire.InputRequest] = []
+        for request in ask.requests:
+            why = eras.input_refusal(call.version, call.client_caps, request.method, request.params)
+            if why is not None:
+                answered[request.key] = wire.InputResponse(request.key, "declined_capability", message=why)
+            else:
+                still_open.append(request)
+        if not still_open:
+            self._answer(list(answered.values()))
+            return
+        async with self.lock:
+            self.partial, self.open = answered, still_open
+            await self.manager.transition(self, "input_required", input_requests=_input_requests(still_open))
+        for conn in list(self.result_waiters):
+            self.relay(conn)
+
+    def _answer(self, responses: list[wire.InputResponse]) -> None:
+        running = self.running
+        if running is not None:
+            self.manager.calls.answer(running.call, running.handle, responses)
+
+    def relay(self, conn: TaskConversation) -> None:
+        """2025-11-25: ask the open questions through ``conn`` (which waits in ``tasks/result``)."""
+        if not self.open or conn.push is None:
+            return
+        requests = list(self.open)
+        meta = {task_shapes.RELATED_TASK: {"taskId": self.task_id}}
+
+        def deliver(responses: list[wire.InputResponse]) -> None:
+            self.manager.nursery.start_soon(self.take_answers, {r.key: r for r in responses})
+
+        conn.ask_client(requests, self.call.version, self.call.client_caps, _PushSink(conn.push), deliver, meta)
+
+    async def take_answers(self, given: dict[str, wire.InputResponse]) -> None:
+        """Answers to the open round (from ``tasks/update`` or a relayed request); the call goes on
+        once every open question has one. Unknown or already answered keys are ignored."""
+        async with self.lock:
+            if not self.open:
+                return
+            for request in self.open:
+                if request.key in given:
+                    self.partial[request.key] = given[request.key]
+            remaining = [r for r in self.open if r.key not in self.partial]
+            if remaining:
+                self.open = remaining
+                await self.manager.transition(self, "input_required", input_requests=_input_requests(remaining))
+                return
+            responses = list(self.partial.values())
+            self.partial, self.open = {}, []
+            if await self.manager.transition(self, "working", input_requests=None) is not None:
+                self._answer(responses)
+
+    # -- the end -------------------------------------------------------------------------------
+
+    async def _finish(self, outcome: Outcome) -> None:
+        manager = self.manager
+        call = self.call
+        try:
+            body, error, bug = manager.core.outcome_body(call, outcome, call.entry.runner.limits.max_output_bytes)
+            if bug is not None:
+                log("plugin_bug", level="error", tool=call.entry.name, plugin=call.entry.plugin, problem=bug)
+            async with self.lock:
+                self.open = []
+                if error is not None:
+                    await manager.transition(self, "failed", error=_error_object(error),
+                                             status_message=error.message[:500], input_requests=None)
+                elif body is not None and not call.modern and b'"isError":true' in body:
+                    await manager.transition(self, "failed", result=body, input_requests=None,
+                                             status_message="the tool reported an error")
+                else:
+                    await manager.transition(self, "completed", result=body, input_requests=None)
+        except TaskStoreError as exc:
+            message = f"the task's result could not be stored: {exc}"
+            log("task_store_failed", level="error", task=self.task_id, error=str(exc)[:300])
+            try:
+                await manager.transition(self, "failed", status_message=message[:500],
+                                         error=_enc.encode({"code": -32603, "message": message}))
+            except TaskStoreError:
+                pass
+        finally:
+            self.finished.set()
+            manager.running.pop(self.task_id, None)
+
+    def stop(self) -> None:
+        """Stop the call (the task was cancelled)."""
+        running = self.running
+        if running is not None and not self.finished.is_set():
+            self.manager.calls.cancel(running.call, running.handle, self.principal or None)
+            self.finished.set()
+            self.manager.running.pop(self.task_id, None)
+
+
+def _input_requests(requests: list[wire.InputRequest]) -> bytes:
+    return _enc.encode({r.key: {"method": r.method, "params": r.params} for r in requests})
+
+
+def _error_object(error: McpError) -> bytes:
+    obj: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.data is not msgspec.UNSET:
+        obj["data"] = error.data
+    return _enc.encode(obj)
+
+
+def _view(record: TaskRecord) -> TaskView:
+    return TaskView(task_id=record.task_id, status=record.status, status_message=record.status_message,
+                    created_at_ms=record.created_at_ms, updated_at_ms=record.updated_at_ms, ttl_ms=record.ttl_ms,
+                    poll_interval_ms=record.poll_interval_ms, result=record.result, error=record.error,
+                    input_requests=record.input_requests)
+
+
+class TaskManager:
+    """Every task this daemon creates, runs or answers for (see the module docstring)."""
+
+    def __init__(self, core: Core, calls: CallDispatcher, store: TaskStore, config: TasksConfig,
+                 nursery: trio.Nursery, owner: str | None = None) -> None:
+        self.core = core
+        self.calls = calls
+        self.store = store
+        self.config = config
+        self.nursery = nursery
+        self.owner = owner or new_owner_id()
+        self.running: dict[str, TaskRun] = {}
+        #: ``notifications/tasks`` subscriptions: task id -> (principal, sink, subscription id bytes).
+        self.listeners: dict[str, list[tuple[str, Sink, bytes]]] = {}
+        self.stats = {"created": 0, "completed": 0, "failed": 0, "cancelled": 0, "recovered": 0}
+
+    # -- creating ------------------------------------------------------------------------------
+
+    def _ttl(self, requested: int | None) -> int:
+        cfg = self.config
+        return cfg.default_ttl_ms if requested is None else max(1_000, min(requested, cfg.max_ttl_ms))
+
+    async def _new_record(self, call: ToolCall, principal: str) -> TaskRecord:
+        now = wall_clock_ms()
+        record = TaskRecord(task_id=new_task_id(), principal=principal, tool=call.entry.name,
+                            era=eras.V2026_07_28 if call.modern else eras.V2025_11_25, status="working",
+                            created_at_ms=now, updated_at_ms=now, ttl_ms=self._ttl(call.task_ttl_ms),
+                            poll_interval_ms=self.config.poll_interval_ms, owner=self.owner)
+        try:
+            await self.store.create(record, self.config.max_live_per_principal)
+        except TaskCapReached:
+            raise ServerBusy(f"Too many live tasks for this principal (at most "
+                             f"{self.config.max_live_per_principal}); wait for some to finish", 1000) from None
+        self.stats["created"] += 1
+        return record
+
+    async def create(self, conn: TaskConversation, call: ToolCall) -> tuple[bytes, int | None]:
+        """A ``tools/call`` that runs as a task from the start: the answer is its ``CreateTaskResult``,
+        sent only once the task is stored (so ``tasks/get`` finds it)."""
+        principal = conn.principal or ""
+        try:
+            record = await self._new_record(call, principal)
+        except (McpError, TaskStoreError) as exc:
+            error = exc if isinstance(exc, McpError) else ServerBusy(f"The task store is unavailable: {exc}")
+            return self.core.call_error(call, error), error.code
+        run = TaskRun(self, record, call, principal)
+        run.status_push = conn.push if not call.modern else None
+        self.running[record.task_id] = run
+        run.running = conn.start(call, _NoSink(), None, owner=run)
+        log("task_created", task=record.task_id, tool=call.entry.name, principal=principal, era=record.era)
+        return self.core.task_created(call, _view(record)), None
+
+    def promote_later(self, conn: TaskConversation, running: RunningCall, after_ms: int) -> None:
+        """Make ``running`` a task if it is still running inline after ``after_ms``."""
+        self.nursery.start_soon(self._promote, conn, running, after_ms)
+
+    async def _promote(self, conn: TaskConversation, running: RunningCall, after_ms: int) -> None:
+        await trio.sleep(after_ms / 1000)
+        if running.owner is not conn or running.handle is None or running.handle.finished:
+            return  # finished, parked for a retry, or cancelled meanwhile
+        call = running.call
+        principal = conn.principal or ""
+        try:
+            record = await self._new_record(call, principal)
+        except (McpError, TaskStoreError) as exc:
+            log("task_promotion_failed", level="warning", tool=call.entry.name, error=str(exc)[:300])
+            return  # it goes on inline
+        if running.owner is not conn or running.handle.finished:
+            # It finished (inline) while the task was being stored: the client never hears of it.
+            await self.store.transition(record.task_id, status="cancelled", now_ms=wall_clock_ms(),
+                                        status_message="finished before it became a task")
+            return
+        run = TaskRun(self, record, call, principal)
+        run.running = running
+        self.running[record.task_id] = run
+        conn.release(running)
+        sink = running.sink
+        running.owner = run
+        running.sink = _NoSink()
+        sink.done(self.core.task_created(call, _view(record)))
+        log("task_created", task=record.task_id, tool=call.entry.name, principal=principal, era=record.era,
+            after_ms=after_ms)
+
+    # -- transitions ---------------------------------------------------------------------------
+
+    async def transition(self, run: TaskRun, status: str, **fields: Any) -> TaskRecord | None:
+        record = await self.store.transition(run.task_id, status=status, now_ms=wall_clock_ms(),  # type: ignore[arg-type]
+                                             **fields)
+        if record is None:
+            return None
+        run.record = record
+        if status in task_shapes.TERMINAL:
+            self.stats[status] = self.stats.get(status, 0) + 1
+            log("task_" + status, task=run.task_id, tool=run.call.entry.name)
+        self._notify(record, run)
+        return record
+
+    def _notify(self, record: TaskRecord, run: TaskRun | None) -> None:
+        view = _view(record)
+        for principal, sink, sub_id in self.listeners.get(record.task_id, ()):
+            if principal == record.principal:
+                params = task_shapes.modern_detailed(view, result_type=False)
+                meta = b'"_meta":{"' + eras.META_SUBSCRIPTION_ID.encode() + b'":' + sub_id + b"}"
+                sink.emit(b'{"jsonrpc":"2.0","method":"notifications/tasks","params":' + params[:-1] + b"," + meta + b"}}")
+        if run is not None and run.status_push is not None:
+            run.status_push(rpc.notification("notifications/tasks/status",
+                                             msgspec.json.decode(task_shapes.legacy_task(view))))
+
+    def subscribe(self, principal: str, task_ids: tuple[str, ...], sink: Sink, sub_id: bytes) -> Callable[[], None]:
+        """``notifications/tasks`` for ``task_ids`` on ``sink``; returns the unsubscribe function."""
+        entry = (principal, sink, sub_id)
+        for task_id in task_ids:
+            self.listeners.setdefault(task_id, []).append(entry)
+
+        def unsubscribe() -> None:
+            for task_id in task_ids:
+                entries = self.listeners.get(task_id)
+                if entries and entry in entries:
+                    entries.remove(entry)
+                    if not entries:
+                        del self.listeners[task_id]
+
+        return unsubscribe
+
+    # -- tasks/* requests ------------------------------------------------------------------------
+
+    async def handle(self, conn: TaskConversation, req: TaskRequest) -> tuple[bytes, int | None]:
+        """Answer one tasks/* request (bytes and the JSON-RPC error code, if it is an error)."""
+        try:
+            return await self._handle(conn, req), None
+        except McpError as exc:
+            return rpc.error_reply(req.id_bytes, exc), exc.code
+        except TaskStoreError as exc:
+            error = ServerBusy(f"The task store is unavailable: {str(exc)[:200]}")
+            return rpc.error_reply(req.id_bytes, error), error.code
+
+    async def _get(self, req: TaskRequest, principal: str) -> TaskRecord:
+        assert req.task_id is not None
+        record = await self.store.get(req.task_id, principal)
+        if record is None:
+            raise InvalidParams(f"Invalid params: unknown task {req.task_id[:64]!r}")
+        return record
+
+    async def _handle(self, conn: TaskConversation, req: TaskRequest) -> bytes:
+        principal = conn.principal or ""
+        core = self.core
+        match req.method:
+            case "tasks/get":
+                record = await self._get(req, principal)
+                body = task_shapes.modern_detailed(_view(record)) if req.modern else task_shapes.legacy_task(_view(record))
+                return core.task_reply(req, body)
+            case "tasks/list":
+                try:
+                    records, cursor = await self.store.list(principal, req.cursor, 100)
+                except ValueError:
+                    raise InvalidParams("Invalid params: invalid cursor") from None
+                body = b'{"tasks":[' + b",".join(task_shapes.legacy_task(_view(r)) for r in records) + b"]"
+                if cursor is not None:
+                    body += b',"nextCursor":' + _enc.encode(cursor)
+                return core.task_reply(req, body + b"}")
+            case "tasks/cancel":
+                return await self._cancel(req, principal)
+            case "tasks/update":
+                return await self._update(req, principal)
+            case "tasks/result":
+                return await self._result(conn, req, principal)
+        raise InvalidParams(f"Invalid params: {req.method} is not served")
+
+    async def _cancel(self, req: TaskRequest, principal: str) -> bytes:
+        record = await self._get(req, principal)
+        if record.terminal:
+            if req.modern:
+                return self.core.task_reply(req, task_shapes.ACK)  # idempotent in 2026-07-28
+            raise InvalidParams(f"Invalid params: task {record.task_id} is already {record.status}")
+        run = self.running.get(record.task_id)
+        updated = await self.store.transition(record.task_id, status="cancelled", now_ms=wall_clock_ms(),
+                                              status_message="cancelled by the client", input_requests=None)
+        if run is not None:
+            run.stop()
+            if updated is not None:
+                run.record = updated
+                self.stats["cancelled"] += 1
+                self._notify(updated, run)
+        elif updated is not None:
+            try:
+                await self.store.post(record.task_id, b'{"cancel":true}')
+            except TaskStoreError:
+                pass  # the owner sees the terminal status when it finishes
+        if req.modern:
+            return self.core.task_reply(req, task_shapes.ACK)
+        final = updated or await self._get(req, principal)
+        return self.core.task_reply(req, task_shapes.legacy_task(_view(final)))
+
+    async def _update(self, req: TaskRequest, principal: str) -> bytes:
+        record = await self._get(req, principal)
+        responses = req.input_responses or {}
+        if record.status == "input_required" and responses:
+            run = self.running.get(record.task_id)
+            if run is not None:
+                await run.take_answers(_checked_answers(run.open, responses))
+            else:
+                await self.store.post(record.task_id, _enc.encode({"update": responses}))
+        return self.core.task_reply(req, task_shapes.ACK)
+
+    async def _result(self, conn: TaskConversation, req: TaskRequest, principal: str) -> bytes:
+        """2025-11-25 ``tasks/result``: wait for the task to end; meanwhile its questions go through
+        this connection."""
+        record = await self._get(req, principal)
+        run = self.running.get(record.task_id)
+        if run is not None and not record.terminal:
+            run.result_waiters.append(conn)
+            try:
+                run.relay(conn)
+                await run.finished.wait()
+            finally:
+                if conn in run.result_waiters:
+                    run.result_waiters.remove(conn)
+        while not record.terminal:  # run by another daemon: poll the store
+            await trio.sleep(max(0.05, (record.poll_interval_ms or 1000) / 1000))
+            record = await self._get(req, principal)
+        record = await self._get(req, principal)
+        if record.status == "cancelled":
+            raise InvalidParams(f"Invalid params: task {record.task_id} was cancelled")
+        if record.result is not None:
+            return rpc.response(req.id_bytes, task_shapes.with_related_task(record.result, record.task_id))
+        error = _dec.decode(record.error) if record.error is not None else {"code": -32603, "message": "no result"}
+        return rpc.error_response(req.id_bytes, int(error.get("code", -32603)), str(error.get("message", "")),
+                                  error.get("data", msgspec.UNSET))
+
+    # -- the background work -----------------------------------------------------------------------
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Heartbeats, recovery of dead daemons' tasks, expiry, and the mailboxes of local tasks."""
+        cfg = self.config
+        recovered = await self.store.recover_orphans(local_owner_verdict(self.owner), wall_clock_ms(),
+                                                     "the daemon restarted or died")
+        if recovered:
+            self.stats["recovered"] += recovered
+            log("tasks_recovered", level="warning", count=recovered,
+                note="tasks left running by a daemon that is gone are failed")
+        await self.store.heartbeat(self.owner, wall_clock_ms())
+        task_status.started()
+        next_beat = next_sweep = time.monotonic()
+        while True:
+            await trio.sleep(MAILBOX_POLL_S)
+            try:
+                if self.running:
+                    await self._read_mailboxes()
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + cfg.heartbeat_s
+                    await self.store.heartbeat(self.owner, wall_clock_ms())
+                if now >= next_sweep:
+                    next_sweep = now + max(5.0, cfg.heartbeat_s)
+                    count = await self.store.recover_orphans(local_owner_verdict(self.owner), wall_clock_ms(),
+                                                             "its daemon stopped answering")
+                    self.stats["recovered"] += count
+                    await self.store.expire(wall_clock_ms())
+            except TaskStoreError as exc:
+                log("task_store_failed", level="error", error=str(exc)[:300])
+
+    async def _read_mailboxes(self) -> None:
+        mail = await self.store.take(list(self.running))
+        for task_id, messages in mail.items():
+            run = self.running.get(task_id)
+            if run is None:
+                continue
+            for message in messages:
+                try:
+                    note = _dec.decode(message)
+                except (msgspec.DecodeError, RecursionError, ValueError):
+                    continue
+                if not isinstance(note, dict):
+                    continue
+                if note.get("cancel"):
+                    run.stop()
+                elif isinstance(note.get("update"), dict):
+                    try:
+                        answers = _checked_answers(run.open, note["update"])
+                    except InvalidParams:
+                        continue
+                    await run.take_answers(answers)
+
+
+def _checked_answers(open_requests: list[wire.InputRequest], responses: dict[str, Any]) -> dict[str, wire.InputResponse]:
+    """The client's answers to the open questions, shape-checked (-32602 for a malformed one)."""
+    methods = {r.key: r.method for r in open_requests}
+    out: dict[str, wire.InputResponse] = {}
+    for key, value in responses.items():
+        method = methods.get(key)
+        if method is None:
+            continue  # unknown or already answered: ignored
+        problem = eras.input_response_problem(method, value)
+        if problem is not None:
+            raise InvalidParams(f"Invalid params: inputResponses[{key[:64]!r}]: {problem}")
+        out[key] = wire.InputResponse(key, "result", value)
+    return out
+
+
+Deferred = Callable[[], Awaitable[tuple[bytes | None, int | None]]]
