@@ -111,13 +111,17 @@ if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 return 1
 """
 
-# KEYS: mailboxes. Returns one list of messages per key.
+# KEYS: mailboxes. Returns {index, messages, ...} for the keys that had any (empty is the common case,
+# and a reply of 64 empty lists would cost more to parse than the script costs to run).
 _TAKE = """
 local out = {}
 for i, key in ipairs(KEYS) do
   local messages = redis.call('LRANGE', key, 0, -1)
-  if #messages > 0 then redis.call('DEL', key) end
-  out[i] = messages
+  if #messages > 0 then
+    redis.call('DEL', key)
+    out[#out + 1] = i
+    out[#out + 1] = messages
+  end
 end
 return out
 """
@@ -411,8 +415,8 @@ class RedisTaskStore:
         if not task_ids:
             return {}
 
-        def then(lists: list[list[bytes]]) -> Mailboxes:
-            return {task_id: list(messages) for task_id, messages in zip(task_ids, lists, strict=True) if messages}
+        def then(found: list[Any]) -> Mailboxes:
+            return {task_ids[int(i) - 1]: list(messages) for i, messages in zip(found[::2], found[1::2], strict=True)}
 
         return await self._script("take", [self._key("mailbox", t) for t in task_ids], [], then)
 

@@ -1,15 +1,17 @@
 """The SQLite task store: one file (WAL mode), the default, shareable by the daemons of one machine.
 
 Every statement runs on one dedicated thread that owns the connection (``BatchThread``), so the
-trio loop never blocks. Writes that read first (the live-task cap, the compare-and-set of a
-transition, a mailbox's cap) are ``BEGIN IMMEDIATE`` transactions: they take SQLite's write lock
-before reading, so two daemons sharing the file cannot both pass the same check. A write is
-committed before its call returns; with ``synchronous=NORMAL`` in WAL mode a committed write
-survives the death of the process (the power failing may lose the last moments).
+trio loop never blocks. The writes that arrive together are one ``BEGIN IMMEDIATE`` transaction
+(group commit), each in a savepoint of its own: the transaction takes SQLite's write lock before
+anything is read, so two daemons sharing the file cannot both pass the same check (the live-task
+cap, the compare-and-set of a transition, a mailbox's cap). A write is committed before its call
+returns; with ``synchronous=NORMAL`` in WAL mode a committed write survives the death of the
+process (the power failing may lose the last moments).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -83,6 +85,8 @@ _HEAD_COLUMNS = ("task_id, principal, tool, era, status, status_message, created
 _COLUMNS = _HEAD_COLUMNS + ", result, error, input_requests"
 _HEARTBEAT_SQL = ("INSERT INTO owners (owner, heartbeat_ms) VALUES (?, ?) ON CONFLICT (owner) DO UPDATE "
                   "SET heartbeat_ms = max(heartbeat_ms, excluded.heartbeat_ms)")
+#: A job for the store's thread: a function of the connection, and whether it writes.
+_Job = tuple[Callable[[sqlite3.Connection], Any], bool]
 #: SQLite's default bound on ``?`` parameters in one statement is 999 in old builds.
 _CHUNK = 500
 
@@ -115,7 +119,7 @@ class SqliteTaskStore:
         self.limits = limits
         self._clock_ms = clock_ms
         self._conn: sqlite3.Connection | None = None
-        self._thread: BatchThread[Callable[[sqlite3.Connection], Any]] = BatchThread(
+        self._thread: BatchThread[_Job] = BatchThread(
             f"task-store-sqlite:{os.path.basename(path)}", self._run_batch, on_close=self._close)
 
     @classmethod
@@ -123,7 +127,7 @@ class SqliteTaskStore:
         """Open (creating if needed, readable by this user only) the store file at ``path``."""
         store = cls(path, limits, clock_ms)
         try:
-            await store._thread.run(store._connect)
+            await store._thread.run((store._connect, False))
         except BaseException:
             await store._thread.aclose()
             raise
@@ -158,17 +162,43 @@ class SqliteTaskStore:
             raise
         self._conn = conn
 
-    def _run_batch(self, jobs: Sequence[Callable[[sqlite3.Connection], Any]]) -> list[outcome.Outcome[Any]]:
-        conn = self._conn
-        return [outcome.capture(job, cast(sqlite3.Connection, conn)) for job in jobs]
+    def _run_batch(self, jobs: Sequence[_Job]) -> list[outcome.Outcome[Any]]:
+        """Reads run as they are; a batch with writes is one transaction (group commit), each write in a
+        savepoint of its own, so one that raises is undone alone and the others still commit."""
+        conn = cast(sqlite3.Connection, self._conn)
+        if not any(write for _, write in jobs):
+            return [outcome.capture(fn, conn) for fn, _ in jobs]
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except Exception as exc:
+            return [outcome.Error(exc) for _ in jobs]
+        results: list[outcome.Outcome[Any]] = []
+        for fn, write in jobs:
+            if not write:
+                results.append(outcome.capture(fn, conn))
+                continue
+            conn.execute("SAVEPOINT job")
+            result = outcome.capture(fn, conn)
+            if isinstance(result, outcome.Error):
+                conn.execute("ROLLBACK TO job")
+            conn.execute("RELEASE job")
+            results.append(result)
+        try:
+            conn.execute("COMMIT")
+        except Exception as exc:  # nothing of the batch happened: every job hears so
+            with contextlib.suppress(Exception):
+                conn.execute("ROLLBACK")
+            return [outcome.Error(exc) for _ in jobs]
+        return results
 
     def _close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
-    async def _run(self, job: Callable[[sqlite3.Connection], T]) -> T:
-        return cast(T, await self._thread.run(job))
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], write: bool = False) -> T:
+        """Run ``fn`` on the store's thread; ``write``: inside the batch's write transaction."""
+        return cast(T, await self._thread.run((fn, write)))
 
     # -- the interface -----------------------------------------------------------------------------
 
@@ -190,7 +220,7 @@ class SqliteTaskStore:
                 raise TaskExists(f"task {rec.task_id} already exists") from None
             conn.execute(_HEARTBEAT_SQL, (rec.owner, rec.created_at_ms))
 
-        await self._run(lambda conn: _write(conn, body))
+        await self._run(body, write=True)
 
     async def get(self, task_id: str, principal: str) -> TaskRecord | None:
         now_ms = self._clock_ms()
@@ -236,7 +266,7 @@ class SqliteTaskStore:
             row = conn.execute(f"SELECT {_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
             return _record(row)
 
-        return await self._run(lambda conn: _write(conn, body))
+        return await self._run(body, write=True)
 
     async def list(self, principal: str, cursor: str | None, limit: int) -> Page:
         return await self._page("principal = ? AND ", (principal,), cursor, limit)
@@ -283,7 +313,7 @@ class SqliteTaskStore:
             conn.execute("INSERT INTO mailbox (task_id, message) VALUES (?, ?)", (task_id, message))
             return True
 
-        return await self._run(lambda conn: _write(conn, body))
+        return await self._run(body, write=True)
 
     async def take(self, task_ids: TaskIds) -> Mailboxes:
         if not task_ids:
@@ -293,33 +323,38 @@ class SqliteTaskStore:
             return conn.execute(f"SELECT seq, task_id, message FROM mailbox WHERE task_id IN "
                                 f"({', '.join('?' * len(ids))}) ORDER BY seq", list(ids)).fetchall()
 
-        def drain(conn: sqlite3.Connection) -> dict[str, list[bytes]]:
-            taken: dict[str, list[bytes]] = {}
+        def waiting(conn: sqlite3.Connection) -> list[str]:
+            found: list[str] = []
             for start in range(0, len(task_ids), _CHUNK):
                 ids = task_ids[start:start + _CHUNK]
-                # The common case, nothing waiting, is answered without taking the write lock.
-                if not conn.execute(f"SELECT 1 FROM mailbox WHERE task_id IN ({', '.join('?' * len(ids))}) LIMIT 1",
-                                    ids).fetchone():
-                    continue
+                found += [r[0] for r in conn.execute(f"SELECT DISTINCT task_id FROM mailbox WHERE task_id IN "
+                                                     f"({', '.join('?' * len(ids))})", ids)]
+            return found
 
-                def body(c: sqlite3.Connection, ids: Sequence[str] = ids) -> None:
-                    rows = select(c, ids)
-                    for _, task_id, message in rows:
-                        taken.setdefault(task_id, []).append(message)
-                    for i in range(0, len(rows), _CHUNK):
-                        seqs = [seq for seq, _, _ in rows[i:i + _CHUNK]]
-                        c.execute(f"DELETE FROM mailbox WHERE seq IN ({', '.join('?' * len(seqs))})", seqs)
+        # The common case, nothing waiting, is answered by a read, without the write lock.
+        ids = await self._run(waiting)
+        if not ids:
+            return {}
 
-                _write(conn, body)
+        def drain(conn: sqlite3.Connection) -> dict[str, list[bytes]]:
+            taken: dict[str, list[bytes]] = {}
+            for start in range(0, len(ids), _CHUNK):
+                rows = select(conn, ids[start:start + _CHUNK])
+                for _, task_id, message in rows:
+                    taken.setdefault(task_id, []).append(message)
+                seqs = [seq for seq, _, _ in rows]
+                for i in range(0, len(seqs), _CHUNK):
+                    chunk = seqs[i:i + _CHUNK]
+                    conn.execute(f"DELETE FROM mailbox WHERE seq IN ({', '.join('?' * len(chunk))})", chunk)
             return taken
 
-        return await self._run(drain)
+        return await self._run(drain, write=True)
 
     async def heartbeat(self, owner: str, now_ms: int) -> None:
         def beat(conn: sqlite3.Connection) -> None:
             conn.execute(_HEARTBEAT_SQL, (owner, now_ms))
 
-        await self._run(beat)
+        await self._run(beat, write=True)
 
     async def recover_orphans(self, owner_alive: OwnerVerdict | None, now_ms: int, reason: str) -> int:
         stale_before = now_ms - self.limits.orphan_after_ms
@@ -358,7 +393,7 @@ class SqliteTaskStore:
                          f"tasks.owner = owners.owner AND tasks.{_LIVE_SQL})", (stale_before,))
             return failed
 
-        return await self._run(lambda conn: _write(conn, body))
+        return await self._run(body, write=True)
 
     async def expire(self, now_ms: int) -> int:
         def body(conn: sqlite3.Connection) -> int:
@@ -366,7 +401,7 @@ class SqliteTaskStore:
                          (now_ms,))
             return int(conn.execute("DELETE FROM tasks WHERE expires_at_ms < ?", (now_ms,)).rowcount)
 
-        return await self._run(lambda conn: _write(conn, body))
+        return await self._run(body, write=True)
 
     async def aclose(self) -> None:
         await self._thread.aclose()
