@@ -1,7 +1,7 @@
 """Task store benchmark: fill each backend with many tasks, then read them at high concurrency.
 
 Store mode (the default) measures the durable task store itself (``runtime.task_store``), the way
-the daemon uses it: ``create`` at concurrency C until N tasks exist (spread over 100 principals),
+the daemon uses it: ``create`` at concurrency C until N tasks exist (spread over 2,000 principals),
 ``transition`` half of them to completed with a small result, then ``get`` random tasks at
 concurrency C for S seconds. It prints calls/s and latency percentiles per backend, with the
 versions, core count and load average. Redis runs as a private ``redis-server`` on a unix socket
@@ -49,13 +49,15 @@ from loadgen import percentile  # noqa: E402
 from runtime.task_store import (  # noqa: E402
     Limits,
     TaskRecord,
-    connect_task_store,
     new_owner_id,
     new_task_id,
     wall_clock_ms,
 )
+from runtime.task_store_open import connect_task_store  # noqa: E402
 
-PRINCIPALS = 100
+#: 50 tasks per principal, under the daemon's default cap of 100 live tasks each.
+PRINCIPALS = 2_000
+CAP = 100
 T = TypeVar("T")
 RESULT = json.dumps({"content": [{"type": "text", "text": "x" * 160}], "isError": False}).encode()
 
@@ -148,7 +150,7 @@ async def bench_backend(name: str, url: str, state_dir: str, n: int, concurrency
                               era="2026-07-28", status="working", created_at_ms=now_ms + i // 50,
                               updated_at_ms=now_ms + i // 50, ttl_ms=86_400_000, poll_interval_ms=1000, owner=owner)
                    for i in range(n)]
-        filled = await run_each(records, lambda rec: store.create(rec, n), concurrency, "create (fill)")
+        filled = await run_each(records, lambda rec: store.create(rec, CAP), concurrency, "create (fill)")
 
         async def complete(rec: TaskRecord) -> None:
             await store.transition(rec.task_id, status="completed", now_ms=now_ms, result=RESULT)

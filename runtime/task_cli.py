@@ -14,7 +14,8 @@ import msgspec
 import trio
 
 from runtime.config import Config
-from runtime.task_store import TaskRecord, TaskStore, open_task_store, parse_store_url, wall_clock_ms
+from runtime.task_store import TaskRecord, TaskStore, parse_store_url, wall_clock_ms
+from runtime.task_store_open import open_task_store
 
 Table = Callable[[list[list[str]], list[str]], str]
 _PAGE = 500

@@ -24,6 +24,8 @@ The rules both keep:
 - Other daemons reach a task's owner through the task's mailbox (``post``; the owner ``take``s):
   cancel requests and input responses may arrive at any daemon.
 
+``runtime.task_store_open`` opens the backend a ``tasks.store`` URL names.
+
 Times are wall-clock milliseconds since the epoch (``createdAt`` is a date on the wire) and are
 passed in by the caller where a write depends on them; reads compare with the store's
 ``clock_ms``, which tests replace.
@@ -38,8 +40,7 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Final, Literal, Protocol
 
 import msgspec
@@ -350,32 +351,3 @@ def parse_store_url(url: str | None, state_dir: str) -> StoreUrl:
         return StoreUrl("redis", url)
     raise ValueError(f"task store {url!r}: use sqlite, sqlite:///PATH, redis://HOST:PORT/DB, rediss://… "
                      "or unix:///PATH/redis.sock")
-
-
-async def connect_task_store(url: str | None, state_dir: str, *, limits: Limits | None = None,
-                             clock_ms: Callable[[], int] = wall_clock_ms, namespace: str = "toolcell") -> TaskStore:
-    """Open the store a ``tasks.store`` URL names (see ``parse_store_url``); the caller ``aclose``s it.
-
-    ``namespace`` prefixes every Redis key (daemons that should share tasks use the same one).
-    """
-    where = parse_store_url(url, state_dir)
-    limits = limits or Limits()
-    if where.kind == "sqlite":
-        from runtime.task_store_sqlite import SqliteTaskStore
-
-        return await SqliteTaskStore.open(where.target, limits=limits, clock_ms=clock_ms)
-    from runtime.task_store_redis import RedisTaskStore
-
-    return await RedisTaskStore.open(where.target, limits=limits, clock_ms=clock_ms, namespace=namespace)
-
-
-@asynccontextmanager
-async def open_task_store(url: str | None, state_dir: str, *, limits: Limits | None = None,
-                          clock_ms: Callable[[], int] = wall_clock_ms,
-                          namespace: str = "toolcell") -> AsyncIterator[TaskStore]:
-    """``connect_task_store`` as an async context manager that closes the store on the way out."""
-    store = await connect_task_store(url, state_dir, limits=limits, clock_ms=clock_ms, namespace=namespace)
-    try:
-        yield store
-    finally:
-        await store.aclose()

@@ -64,7 +64,7 @@ CREATE INDEX IF NOT EXISTS tasks_by_principal ON tasks (principal, created_at_ms
 CREATE INDEX IF NOT EXISTS tasks_by_created ON tasks (created_at_ms, task_id);
 CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at_ms) WHERE expires_at_ms IS NOT NULL;
 CREATE INDEX IF NOT EXISTS live_tasks_by_owner ON tasks (owner) WHERE status IN ('working', 'input_required');
-CREATE INDEX IF NOT EXISTS live_tasks_by_principal ON tasks (principal)
+CREATE INDEX IF NOT EXISTS live_tasks_by_principal ON tasks (principal, expires_at_ms, status)
     WHERE status IN ('working', 'input_required');
 CREATE TABLE IF NOT EXISTS mailbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import redis
 
-from runtime.task_store import Limits, TaskRecord, TaskStore, connect_task_store, new_task_id, wall_clock_ms
+from runtime.task_store import Limits, TaskRecord, TaskStore, new_task_id, wall_clock_ms
+from runtime.task_store_open import connect_task_store
 
 
 

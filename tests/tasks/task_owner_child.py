@@ -11,7 +11,8 @@ import sys
 
 import trio
 
-from runtime.task_store import TaskRecord, connect_task_store, new_owner_id, new_task_id, wall_clock_ms
+from runtime.task_store import TaskRecord, new_owner_id, new_task_id, wall_clock_ms
+from runtime.task_store_open import connect_task_store
 
 
 async def main(url: str, state_dir: str, namespace: str) -> None:

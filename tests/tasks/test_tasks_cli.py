@@ -13,7 +13,8 @@ import redis
 import trio
 from store_harness import RedisServer, record
 
-from runtime.task_store import TaskRecord, connect_task_store, wall_clock_ms
+from runtime.task_store import TaskRecord, wall_clock_ms
+from runtime.task_store_open import connect_task_store
 
 REPO = Path(__file__).resolve().parents[2]
 
