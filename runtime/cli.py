@@ -1,4 +1,4 @@
-"""The ``toolcell`` command line: serve, list, call, check, doctor."""
+"""The ``toolcell`` command line: serve, list, call, check, reload, tasks, doctor."""
 
 from __future__ import annotations
 
@@ -254,6 +254,12 @@ def cmd_reload(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from runtime.task_cli import run_tasks_command
+
+    return run_tasks_command(load_config(args.config, {}), args, table)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from runtime import doctor
 
@@ -296,6 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--config", help="TOML config file (for its state_dir, where daemons keep their pidfiles)")
     p.add_argument("--pid", type=int, help="reach only this daemon (default: every daemon using this state dir)")
     p.set_defaults(func=cmd_reload)
+
+    p = sub.add_parser("tasks", help="list the tasks in the task store, or show one (reads the store directly)")
+    from runtime.task_cli import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=cmd_tasks)
 
     p = sub.add_parser("doctor", help="probe which isolation layers this machine supports")
     p.add_argument("--json", action="store_true", help="print the probe's report as JSON")

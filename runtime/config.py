@@ -8,6 +8,10 @@ Example ``toolcell.toml``::
     list_ttl_ms = 60000
     max_message_bytes = 16777216
     log_level = "info"
+
+    [tasks]                    # long-running tool calls (MCP tasks): where they are kept, limits
+    store = "redis://tasks.internal:6379/0"   # default: SQLite, tasks.sqlite3 in state_dir
+    max_live_per_principal = 100
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from msgspec import Meta
 from runtime import declared_bounds
 
 from runtime.http_config import HttpConfig, check_http_config
+from runtime.task_store import Limits, parse_store_url
 
 def _bundled_plugins() -> Path:
     """The bundled plugins: ``plugins/`` beside ``runtime/`` in a checkout (and an editable install),
@@ -47,6 +52,46 @@ BUNDLED_PLUGINS = _bundled_plugins()
 def default_state_dir() -> str:
     base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
     return os.path.join(base, f"toolcell-{os.getuid()}")
+
+
+class TasksConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The ``[tasks]`` table: the durable store of MCP tasks and the limits the daemon puts on them."""
+
+    #: None or "sqlite": ``tasks.sqlite3`` in ``state_dir``; "sqlite:///PATH"; "redis://HOST:PORT/DB",
+    #: "rediss://…" or "unix:///PATH/redis.sock" to share tasks between daemons.
+    store: str | None = None
+    #: Non-terminal tasks one principal may hold at once; more are refused.
+    max_live_per_principal: Annotated[int, Meta(ge=1, le=1_000_000)] = 100
+    #: A task's lifetime when the client asks for none, and the most it may ask for.
+    default_ttl_ms: Annotated[int, Meta(ge=1_000, le=30 * 86_400_000)] = 3_600_000
+    max_ttl_ms: Annotated[int, Meta(ge=1_000, le=30 * 86_400_000)] = 86_400_000
+    #: The polling interval suggested to clients.
+    poll_interval_ms: Annotated[int, Meta(ge=10, le=600_000)] = 1_000
+    #: How often a daemon tells the store it is alive, and how long a silent daemon's unfinished
+    #: tasks wait before they are failed (``recover_orphans``).
+    heartbeat_s: Annotated[float, Meta(ge=0.1, le=300)] = 5.0
+    orphan_after_s: Annotated[float, Meta(ge=0.2, le=86_400)] = 30.0
+    #: The largest result, error, input-request set or mailbox message the store accepts.
+    max_payload_bytes: Annotated[int, Meta(ge=1024, le=256 * 1024 * 1024)] = 8 * 1024 * 1024
+
+    def store_limits(self) -> Limits:
+        """The sizes and times the task store enforces, from this table."""
+        return Limits(max_payload_bytes=self.max_payload_bytes, orphan_after_ms=round(self.orphan_after_s * 1000))
+
+
+def check_tasks_config(cfg: TasksConfig, state_dir: str) -> list[str]:
+    """What is wrong with a ``[tasks]`` table, one sentence each."""
+    problems = []
+    try:
+        parse_store_url(cfg.store, state_dir)
+    except ValueError as exc:
+        problems.append(f"tasks.store: {exc}")
+    if cfg.default_ttl_ms > cfg.max_ttl_ms:
+        problems.append("tasks.default_ttl_ms must not exceed tasks.max_ttl_ms")
+    if cfg.orphan_after_s < 2 * cfg.heartbeat_s:
+        problems.append("tasks.orphan_after_s must be at least twice tasks.heartbeat_s (one late heartbeat must "
+                        "not fail running tasks)")
+    return problems
 
 
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -75,6 +120,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     max_parked_calls: Annotated[int, Meta(ge=0, le=100_000)] = 64
     #: The HTTP transport: listeners, Host/Origin allowlists, tokens, limits (see runtime.http_config).
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
+    #: MCP tasks: the store and its limits (see ``TasksConfig``).
+    tasks: TasksConfig = msgspec.field(default_factory=TasksConfig)
 
 
 class ConfigError(Exception):
@@ -83,7 +130,7 @@ class ConfigError(Exception):
 
 def check_config(cfg: Config) -> list[str]:
     """Problems the field declarations cannot state (bounds and choices are declared on the fields)."""
-    return check_http_config(cfg.http)
+    return check_http_config(cfg.http) + check_tasks_config(cfg.tasks, cfg.state_dir)
 
 
 def load_config(path: str | None, overrides: dict[str, Any]) -> Config:

@@ -241,9 +241,7 @@ class Connection:
                 if action.task_mode == "now" and self.tasks is not None:
                     tasks, call = self.tasks, action
                     return Deferred(lambda: tasks.create(self, call), action.modern)
-                running = self.start(action, sink)
-                if action.task_mode == "after" and self.tasks is not None:
-                    self.tasks.promote_later(self, running, action.task_after_ms)
+                self.start(action, sink)
                 return Started(action)
             case TaskRequest():
                 if self.tasks is None:
@@ -299,6 +297,8 @@ class Connection:
             running.owner.call_outcome(running, outcome)
 
         running.handle = self.calls.start(call, self.principal, on_frame, on_outcome)
+        if owner is None and call.task_mode == "after" and self.tasks is not None:
+            self.tasks.promote_later(self, running, call.task_after_ms)
         return running
 
     def adopt(self, running: RunningCall) -> None:
@@ -307,6 +307,8 @@ class Connection:
         self.inflight[running.call.request_id] = running
         if self._idle.is_set():
             self._idle = trio.Event()
+        if running.call.task_mode == "after" and self.tasks is not None:
+            self.tasks.promote_later(self, running, running.call.task_after_ms)
 
     def release(self, running: RunningCall) -> None:
         """Hand ``running`` to another owner: this connection forgets it without stopping it."""

@@ -22,6 +22,9 @@ from runtime.logs import log
 from runtime.plugins import Plugin, discover, load_plugin, resolve_conflicts
 from runtime.calls import CallDispatcher
 from runtime.mrtr import Mrtr, load_state_key
+from runtime.task_store import TaskStore
+from runtime.task_store_open import connect_task_store
+from runtime.tasks import TaskManager
 from runtime.protocol.core import Core
 from runtime.protocol.catalog import Catalog
 from runtime.fingerprints import fingerprint, stat_signature
@@ -59,6 +62,8 @@ class Daemon:
         #: 2026-07-28 questions, retries and parked calls (``runtime.mrtr``).
         self.mrtr = Mrtr(self.core, self.calls, load_state_key(key_file), max_parked=config.max_parked_calls,
                          state_ttl_s=config.request_state_ttl_s)
+        #: Tasks (``runtime.tasks``), once the task store is open (None: ``toolcell call``, or no store).
+        self.tasks: TaskManager | None = None
         self.ready = False
         #: The spare worker interpreter (``runtime.spares``), once serving.
         self.spares: Spares | None = None
@@ -238,6 +243,16 @@ class Daemon:
                     n.start_soon(pool.aclose)
 
 
+async def _open_task_store(config: Config) -> TaskStore | None:
+    """The configured task store; None (tasks unavailable, tools still served) if it cannot be opened."""
+    try:
+        return await connect_task_store(config.tasks.store, config.state_dir, limits=config.tasks.store_limits())
+    except Exception as exc:  # an unreachable Redis, an unwritable state dir: say so, keep serving tools
+        log("task_store_unavailable", level="error", store=config.tasks.store or "sqlite",
+            error=f"{type(exc).__name__}: {str(exc)[:300]}", note="tasks are unavailable; tools are served")
+        return None
+
+
 @asynccontextmanager
 async def open_daemon(config: Config, describe_only: bool = False) -> AsyncIterator[Daemon]:
     become_subreaper()
@@ -260,8 +275,17 @@ async def open_daemon(config: Config, describe_only: bool = False) -> AsyncItera
                 # next worker to start (a hot reload's new version, a replacement).
                 daemon.spares = Spares(config.state_dir)
                 await nursery.start(daemon.spares.serve)
-                with spares_installed(daemon.spares):
-                    yield daemon
+                store = await _open_task_store(config)
+                try:
+                    if store is not None:
+                        daemon.tasks = TaskManager(daemon.core, daemon.calls, store, config.tasks, nursery)
+                        await nursery.start(daemon.tasks.serve)
+                    with spares_installed(daemon.spares):
+                        yield daemon
+                finally:
+                    if store is not None:
+                        with trio.CancelScope(shield=True):
+                            await store.aclose()
         finally:
             await daemon.aclose()
             nursery.cancel_scope.cancel()

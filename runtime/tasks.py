@@ -307,7 +307,8 @@ class TaskManager:
 
     async def _promote(self, conn: TaskConversation, running: RunningCall, after_ms: int) -> None:
         await trio.sleep(after_ms / 1000)
-        if running.owner is not conn or running.handle is None or running.handle.finished:
+        me: object = conn
+        if running.owner is not me or running.handle is None or running.handle.finished:
             return  # finished, parked for a retry, or cancelled meanwhile
         call = running.call
         principal = conn.principal or ""
@@ -316,7 +317,7 @@ class TaskManager:
         except (McpError, TaskStoreError) as exc:
             log("task_promotion_failed", level="warning", tool=call.entry.name, error=str(exc)[:300])
             return  # it goes on inline
-        if running.owner is not conn or running.handle.finished:
+        if running.owner is not me or running.handle.finished:
             # It finished (inline) while the task was being stored: the client never hears of it.
             await self.store.transition(record.task_id, status="cancelled", now_ms=wall_clock_ms(),
                                         status_message="finished before it became a task")
@@ -474,8 +475,11 @@ class TaskManager:
             raise InvalidParams(f"Invalid params: task {record.task_id} was cancelled")
         if record.result is not None:
             return rpc.response(req.id_bytes, task_shapes.with_related_task(record.result, record.task_id))
-        error = _dec.decode(record.error) if record.error is not None else {"code": -32603, "message": "no result"}
-        return rpc.error_response(req.id_bytes, int(error.get("code", -32603)), str(error.get("message", "")),
+        error = _dec.decode(record.error) if record.error is not None else None
+        if not isinstance(error, dict):
+            error = {"code": -32603, "message": "the task ended without a result"}
+        code = error.get("code")
+        return rpc.error_response(req.id_bytes, code if type(code) is int else -32603, str(error.get("message", "")),
                                   error.get("data", msgspec.UNSET))
 
     # -- the background work -----------------------------------------------------------------------

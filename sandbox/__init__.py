@@ -18,9 +18,11 @@ from sandbox.api import (
     text,
     tool,
 )
+from sandbox.errors import RequestError
 
 __all__ = [
     "CallContext",
+    "RequestError",
     "ToolError",
     "ToolResult",
     "audio",

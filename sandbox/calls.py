@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from sandbox import api, asking
+from sandbox import api, asking, errors
 from sandbox.wire import Call, Result, encode_frame
 
 _json = msgspec.json.Encoder()
@@ -71,6 +71,9 @@ def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: Any
                 structured = {"result": structured}
             return Result(call.id, [{"type": "text", "text": _json.encode(structured).decode()}], structured, True)
         return Result(call.id, _to_content(value))
+    except errors.RequestError as exc:
+        message = str(exc) or "the request is invalid"
+        return Result(call.id, [{"type": "text", "text": message}], is_error=True, request_error=message)
     except asking.CapabilityMissing as exc:
         return Result(call.id, [{"type": "text", "text": str(exc) or type(exc).__name__}], is_error=True,
                       missing_capability=exc.capability or None)

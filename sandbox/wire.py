@@ -219,6 +219,8 @@ class Result(msgspec.Struct, tag="result", frozen=True, array_like=True):
     #: The tool ended because the client lacks a capability it needed ("elicitation", "sampling",
     #: "roots"): a 2026-07-28 client hears -32021 naming it, an older one an ``isError`` result.
     missing_capability: Union[str, None] = None
+    #: The tool raised ``RequestError``: the request is answered -32602 with this message.
+    request_error: Union[str, None] = None
 
 
 class InputRequest(msgspec.Struct, frozen=True, array_like=True):

@@ -19,7 +19,7 @@ import wave
 import zlib
 from typing import Any
 
-from sandbox import ToolError, audio, current, embedded_text, image, tool
+from sandbox import RequestError, ToolError, audio, current, embedded_text, image, tool
 from sandbox.asking import CapabilityMissing, Elicit, ListRoots, Sample
 
 FIXTURE = {"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False}
@@ -336,3 +336,81 @@ def test_logging_tool() -> str:
 )
 def test_custom_headers(region: str, priority: int, query: str, verbose: bool | None = None) -> str:
     return f"region={region} priority={priority} query={query} verbose={verbose}"
+
+
+# -- tasks (2026-07-28 extension io.modelcontextprotocol/tasks; 2025-11-25 core tasks) ----------------
+
+
+@tool(description="Greets someone (never a task)", annotations=FIXTURE)
+def greet(name: str) -> str:
+    """Greets someone.
+
+    Args:
+        name: Who to greet.
+    """
+    return f"Hello, {name}!"
+
+
+@tool(description="Computes slowly; runs as a task when the client can take one", annotations=FIXTURE,
+      task_support="optional")
+def slow_compute(seconds: float = 1.0, label: str = "") -> str:
+    """Sleeps, then answers.
+
+    Args:
+        seconds: How long the computation takes.
+        label: A label echoed in the result.
+    """
+    time.sleep(max(0.0, min(float(seconds), 600.0)))
+    return f"computed {label or 'result'} after {seconds} s"
+
+
+@tool(description="A job that fails with a tool error (isError), only as a task", annotations=FIXTURE,
+      task_support="required")
+def failing_job() -> str:
+    time.sleep(1.0)
+    raise ToolError("the job failed (as designed)")
+
+
+@tool(description="A job whose request turns out invalid: a protocol error, so the task ends failed",
+      annotations=FIXTURE, task_support="optional")
+def protocol_error_job() -> str:
+    time.sleep(0.5)
+    raise RequestError("the job's request is invalid (as designed)")
+
+
+CONFIRM_FORM = {"type": "object", "properties": {"confirm": {"type": "boolean", "description": "Delete it?"}},
+                "required": ["confirm"]}
+
+
+@tool(description="Asks before deleting a file (a task waits in input_required)", annotations=FIXTURE,
+      task_support="optional")
+def confirm_delete(filename: str) -> str:
+    """Asks for a confirmation, then reports.
+
+    Args:
+        filename: The file to delete (nothing is deleted: a fixture).
+    """
+    answer = current().elicit(f"Delete {filename}?", CONFIRM_FORM)
+    confirmed = answer.accepted and isinstance(answer.content, dict) and answer.content.get("confirm") is True
+    return f"Deleted {filename}" if confirmed else f"Kept {filename}"
+
+
+@tool(description="Asks two questions at once (a task lists both, then the one left)", annotations=FIXTURE,
+      task_support="optional")
+def multi_input() -> str:
+    name, confirm = current().ask(
+        Elicit("What is your name?", {"type": "object", "properties": {"name": {"type": "string"}}}),
+        Elicit("Proceed?", {"type": "object", "properties": {"confirm": {"type": "boolean"}}}),
+    )
+    who = name.content.get("name") if name.accepted and isinstance(name.content, dict) else "someone"
+    ok = confirm.accepted and isinstance(confirm.content, dict) and confirm.content.get("confirm") is True
+    return f"{who}: {'proceeding' if ok else 'stopped'}"
+
+
+@tool(description="Asks first (input_required), then works long enough to become a task", annotations=FIXTURE,
+      task_support="required", task_after_ms=300)
+def test_tool_with_task() -> str:
+    answer = current().elicit("What is your name?", NAME_FORM, key="user_name")
+    name = answer.content.get("name") if answer.accepted and isinstance(answer.content, dict) else "someone"
+    time.sleep(1.5)
+    return f"Hello, {name}! Your task is done."

@@ -284,6 +284,11 @@ _MODERN_TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 _TASKS_REQUIRED: dict[str, Any] = {"requiredCapabilities": {"extensions": {task_shapes.EXTENSION: {}}}}
 
 
+def _tool_request_error(message: Any) -> InvalidParams:
+    """A tool's ``RequestError``: -32602 with its message (untrusted text: clipped)."""
+    return InvalidParams(f"Invalid params: {_clip(message, 500)}")
+
+
 def _require_tasks_extension(caps: Any) -> None:
     """2026-07-28: tasks are only for a request whose client declared the extension (-32021)."""
     extensions = caps.get("extensions") if isinstance(caps, dict) else None
@@ -652,6 +657,8 @@ class Core:
         match outcome:
             case Completed(result) if result.missing_capability is not None and call.modern:
                 return None, self._missing_capability(call, result.missing_capability), None
+            case Completed(result) if result.request_error is not None:
+                return None, _tool_request_error(result.request_error), None
             case Refused(error):
                 return None, error, None
             case Completed(result):
@@ -777,6 +784,8 @@ class Core:
         match outcome:
             case Completed(result) if result.missing_capability is not None and call.modern:
                 return self.call_error(call, self._missing_capability(call, result.missing_capability)), None
+            case Completed(result) if result.request_error is not None:
+                return self.call_error(call, _tool_request_error(result.request_error)), None
             case Completed(result):
                 return self.call_result(call, result, max_output_bytes)
             case Failed(failure):
@@ -802,6 +811,8 @@ class Core:
             return outcome.error.code
         if type(outcome) is Completed and outcome.result.missing_capability is not None and call.modern:
             return MissingClientCapability.code
+        if type(outcome) is Completed and outcome.result.request_error is not None:
+            return InvalidParams.code
         return None
 
     def call_failed(self, call: ToolCall, message: str) -> bytes:

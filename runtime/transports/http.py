@@ -35,7 +35,7 @@ from runtime.http_config import HttpConfig
 from runtime.logs import log
 from runtime.protocol import eras
 from runtime.protocol import jsonrpc as rpc
-from runtime.connection import Answered, Connection, Dispatched
+from runtime.connection import Answered, Connection, Deferred, Dispatched
 from runtime.protocol.core import Batch, ConnState, Listen, Reply, Request, ToolCall, requested_tool
 from runtime.protocol.errors import (
     HeaderMismatch,
@@ -265,6 +265,11 @@ class HttpApp:
 
     async def _answer(self, r: Responder, done: Dispatched, modern: bool) -> None:
         """Send what dispatching a non-call action came to."""
+        if type(done) is Deferred:  # a trip to the task store
+            data, code = await done.work()
+            if data is None:
+                return await r.body(202, b"", None)
+            return await r.body(status_of_code(code, modern) if code is not None else 200, data)
         if type(done) is not Answered or done.data is None:
             return await r.body(202, b"", None)  # a notification, or a cancel (on HTTP, closing the stream cancels)
         status = status_of_code(done.error_code, modern) if done.error_code is not None else 200
@@ -427,6 +432,12 @@ class HttpApp:
                     session: LegacySession | None) -> None:
         box = CallBox(stream=can_sse)
         started = conn.dispatch(call, box)
+        if type(started) is Deferred:  # it runs as a task: the answer is the task, once stored
+            try:
+                return await self._answer(r, started, call.modern)
+            finally:
+                if session is None:
+                    conn.close()
         if type(started) is Answered:  # answered before it ran (a rate limit, a duplicate id, input_required)
             assert started.data is not None
             if started.error is not None and isinstance(started.error, RateLimited):

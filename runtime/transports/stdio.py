@@ -13,7 +13,7 @@ import os
 import trio
 
 from runtime.daemon import Daemon
-from runtime.connection import Answered, BatchStarted, Connection, LineSink
+from runtime.connection import Answered, BatchStarted, Connection, Deferred, LineSink
 from runtime.protocol.core import Batch
 from runtime.protocol.framing import TOO_LONG, Item, LineSplitter
 
@@ -121,9 +121,17 @@ def _deliver(session: Connection, sink: LineSink, nursery: trio.Nursery, items: 
                 sink.emit(outcome.data)
         elif type(outcome) is BatchStarted:
             nursery.start_soon(_answer_batch, session, sink, outcome.batch)
+        elif type(outcome) is Deferred:
+            nursery.start_soon(_answer_deferred, sink, outcome)
 
 
 async def _answer_batch(session: Connection, sink: LineSink, batch: Batch) -> None:
     data = await session.run_batch(batch)
+    if data is not None:
+        sink.emit(data)
+
+
+async def _answer_deferred(sink: LineSink, deferred: Deferred) -> None:
+    data, _code = await deferred.work()
     if data is not None:
         sink.emit(data)

@@ -1,0 +1,415 @@
+"""Task store benchmark: fill each backend with many tasks, then read them at high concurrency.
+
+Store mode (the default) measures the durable task store itself (``runtime.task_store``), the way
+the daemon uses it: ``create`` at concurrency C until N tasks exist (spread over 2,000 principals),
+``transition`` half of them to completed with a small result, then ``get`` random tasks at
+concurrency C for S seconds. It prints calls/s and latency percentiles per backend, with the
+versions, core count and load average. Redis runs as a private ``redis-server`` on a unix socket
+(started and stopped here) unless ``--redis-url`` names one.
+
+    python benchmarks/task_store_bench.py                       # sqlite and redis, 100,000 tasks, c=64, 10 s
+    python benchmarks/task_store_bench.py --backends sqlite --tasks 10000 -s 3 --markdown
+
+MCP mode (``--mcp-url``) measures ``tasks/get`` polling end to end against a running MCP server
+over Streamable HTTP: it creates K tasks with task-augmented ``tools/call`` (2025-11-25:
+``params.task``; ``--modern``, 2026-07-28: the ``io.modelcontextprotocol/tasks`` extension
+declared in ``_meta``), then keeps one ``tasks/get`` in flight on each of C keep-alive
+connections for S seconds (the epoll client of ``http_loadgen.py``):
+
+    python benchmarks/task_store_bench.py --mcp-url http://127.0.0.1:8765/mcp --token T --tool slow --tasks 100 -c 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+import http_loadgen  # noqa: E402
+import mcpwire  # noqa: E402
+import report  # noqa: E402
+from loadgen import percentile  # noqa: E402
+
+from runtime.task_store import (  # noqa: E402
+    Limits,
+    TaskRecord,
+    new_owner_id,
+    new_task_id,
+    wall_clock_ms,
+)
+from runtime.task_store_open import connect_task_store  # noqa: E402
+
+#: 50 tasks per principal, under the daemon's default cap of 100 live tasks each.
+PRINCIPALS = 2_000
+CAP = 100
+T = TypeVar("T")
+RESULT = json.dumps({"content": [{"type": "text", "text": "x" * 160}], "isError": False}).encode()
+
+
+class Measured(msgspec.Struct):
+    """One measured operation: throughput and latency percentiles (ms)."""
+
+    op: str
+    concurrency: int
+    calls: int
+    seconds: float
+    calls_per_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+class BackendResult(msgspec.Struct):
+    backend: str
+    tasks: int
+    ops: list[Measured]
+    footprint: str
+
+
+async def measure(op: Callable[[int], Awaitable[object]], concurrency: int, seconds: float, warmup_s: float = 0.5,
+                  name: str = "get") -> Measured:
+    """Run ``op(i)`` (i counts calls) from ``concurrency`` trio tasks for ``warmup_s + seconds``; time each
+    call after the warm-up. Reusable for any awaitable operation, the store's or a client's."""
+    latencies: list[int] = []
+    errors = 0
+    counter = 0
+    start = time.perf_counter_ns()
+    record_from = start + int(warmup_s * 1e9)
+    stop_at = record_from + int(seconds * 1e9)
+
+    async def worker() -> None:
+        nonlocal counter, errors
+        while True:
+            t0 = time.perf_counter_ns()
+            if t0 >= stop_at:
+                return
+            counter += 1
+            try:
+                await op(counter)
+            except Exception:
+                if t0 >= record_from:
+                    errors += 1
+            if t0 >= record_from:
+                latencies.append(time.perf_counter_ns() - t0)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    window = (time.perf_counter_ns() - record_from) / 1e9
+    lat = sorted(latencies)
+    return Measured(op=name, concurrency=concurrency, calls=len(lat), seconds=window,
+                    calls_per_s=len(lat) / window if window > 0 else 0.0, p50_ms=percentile(lat, 0.5) / 1e6,
+                    p99_ms=percentile(lat, 0.99) / 1e6, errors=errors)
+
+
+async def run_each(items: Sequence[T], op: Callable[[T], Awaitable[object]], concurrency: int,
+                   name: str) -> Measured:
+    """Apply ``op`` to every item once, from ``concurrency`` trio tasks; time each call."""
+    latencies: list[int] = []
+    pending = iter(items)  # one shared iterator: each item is taken once
+    start = time.perf_counter_ns()
+
+    async def worker() -> None:
+        for item in pending:
+            t0 = time.perf_counter_ns()
+            await op(item)
+            latencies.append(time.perf_counter_ns() - t0)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    window = (time.perf_counter_ns() - start) / 1e9
+    lat = sorted(latencies)
+    return Measured(op=name, concurrency=concurrency, calls=len(lat), seconds=window, calls_per_s=len(lat) / window,
+                    p50_ms=percentile(lat, 0.5) / 1e6, p99_ms=percentile(lat, 0.99) / 1e6, errors=0)
+
+
+async def bench_backend(name: str, url: str, state_dir: str, n: int, concurrency: int,
+                        seconds: float) -> BackendResult:
+    store = await connect_task_store(url, state_dir, limits=Limits(), namespace=f"bench-{os.getpid()}")
+    try:
+        owner = new_owner_id()
+        now_ms = wall_clock_ms()
+        records = [TaskRecord(task_id=new_task_id(), principal=f"principal-{i % PRINCIPALS}", tool="bench_tool",
+                              era="2026-07-28", status="working", created_at_ms=now_ms + i // 50,
+                              updated_at_ms=now_ms + i // 50, ttl_ms=86_400_000, poll_interval_ms=1000, owner=owner)
+                   for i in range(n)]
+        filled = await run_each(records, lambda rec: store.create(rec, CAP), concurrency, "create (fill)")
+
+        async def complete(rec: TaskRecord) -> None:
+            await store.transition(rec.task_id, status="completed", now_ms=now_ms, result=RESULT)
+
+        finished = await run_each(records[: n // 2], complete, concurrency, "transition to completed")
+        rng = random.Random(7)
+        picks = [(r.task_id, r.principal) for r in records]
+        rng.shuffle(picks)
+        misses = 0
+
+        async def get(i: int) -> None:
+            nonlocal misses
+            task_id, principal = picks[i % len(picks)]
+            if await store.get(task_id, principal) is None:
+                misses += 1
+
+        got = await measure(get, concurrency, seconds, name="get")
+        if misses:
+            got = msgspec.structs.replace(got, errors=got.errors + misses)
+        empty = [r.task_id for r in records[-64:]]
+        taken = await measure(lambda i: store.take(empty), concurrency, min(seconds, 3.0), name="take (64 ids, empty)")
+        footprint = _footprint(name, url, state_dir)
+    finally:
+        await store.aclose()
+    return BackendResult(backend=name, tasks=n, ops=[filled, finished, got, taken], footprint=footprint)
+
+
+def _footprint(name: str, url: str, state_dir: str) -> str:
+    if name == "sqlite":
+        path = url[len("sqlite://"):]
+        size = sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+        return f"file {size / 1e6:.1f} MB"
+    import redis
+
+    info = redis.Redis.from_url(url).info("memory")
+    return f"used_memory {int(info['used_memory']) / 1e6:.1f} MB"
+
+
+class PrivateRedis:
+    """A redis-server on a unix socket in a temporary folder, stopped on close."""
+
+    def __init__(self) -> None:
+        import redis
+
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.folder = tempfile.mkdtemp(prefix="toolcell-bench-redis-")
+        self.socket = os.path.join(self.folder, "redis.sock")
+        self.proc = subprocess.Popen([binary, "--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
+                                      "--save", "", "--appendonly", "no", "--dir", self.folder],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis(unix_socket_path=self.socket).ping()
+                return
+            except (redis.exceptions.ConnectionError, FileNotFoundError):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def store_environment(redis_url: str | None) -> dict[str, object]:
+    env = report.environment()
+    versions = dict(env["versions"])  # type: ignore[call-overload]
+    versions["redis-py"] = report._version("redis")
+    versions["sqlite"] = sqlite3.sqlite_version
+    if redis_url is not None:
+        import redis
+
+        versions["redis-server"] = redis.Redis.from_url(redis_url).info("server")["redis_version"]
+    env["versions"] = versions
+    return env
+
+
+def _table(results: Sequence[BackendResult], markdown: bool) -> str:
+    head = ["backend", "tasks", "operation", "c", "calls/s", "p50 ms", "p99 ms", "errors"]
+    rows = [[r.backend, f"{r.tasks:,}", m.op, str(m.concurrency), f"{m.calls_per_s:,.0f}", f"{m.p50_ms:.3f}",
+             f"{m.p99_ms:.3f}", str(m.errors)] for r in results for m in r.ops]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in [head, ["-" * w for w in widths], *rows])
+
+
+def run_store_mode(args: argparse.Namespace) -> int:
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    private = PrivateRedis() if "redis" in backends and args.redis_url is None else None
+    redis_url = args.redis_url or (private.url if private else None)
+    results: list[BackendResult] = []
+    try:
+        env = store_environment(redis_url)
+        for backend in backends:
+            with tempfile.TemporaryDirectory(prefix="toolcell-bench-tasks-") as state_dir:
+                url = f"sqlite:///{state_dir}/tasks.sqlite3" if backend == "sqlite" else redis_url
+                if url is None or backend not in ("sqlite", "redis"):
+                    print(f"unknown backend {backend!r}", file=sys.stderr)
+                    return 2
+                print(f"{backend}: filling {args.tasks:,} tasks…", file=sys.stderr)
+                results.append(trio.run(bench_backend, backend, url, state_dir, args.tasks, args.concurrency,
+                                        args.seconds))
+    finally:
+        if private is not None:
+            private.close()
+    env["loadavg_after"] = os.getloadavg()
+    print(_table(results, args.markdown))
+    print()
+    v = env["versions"]
+    assert isinstance(v, dict)
+    print(f"python {env['python']}, trio {v.get('trio')}, msgspec {v.get('msgspec')}, redis-py {v.get('redis-py')}, "
+          f"redis-server {v.get('redis-server', '-')}, SQLite {v.get('sqlite')}; {env['nproc']} cores "
+          f"({env['cpu_model']}); load average {_load(env['loadavg_before'])} -> {_load(env['loadavg_after'])}; "
+          f"git {env['git_commit']}")
+    for r in results:
+        print(f"{r.backend}: {r.footprint} for {r.tasks:,} tasks")
+    if args.json:
+        Path(args.json).write_bytes(msgspec.json.encode({"environment": env, "results": results}))
+    return 0
+
+
+def _load(value: object) -> str:
+    return "/".join(f"{x:.2f}" for x in value) if isinstance(value, (list, tuple)) else str(value)
+
+
+# -- MCP mode: tasks/get polling against a running server ------------------------------------------
+
+
+def _tasks_meta() -> dict[str, Any]:
+    meta = mcpwire.modern_meta()
+    meta["io.modelcontextprotocol/clientCapabilities"] = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+    return meta
+
+
+class TaskGetPlan:
+    """Pre-encoded ``tasks/get`` requests for a set of task ids; call ``i`` polls task ``i mod K``."""
+
+    def __init__(self, ep: http_loadgen.Endpoint, task_ids: Sequence[str], modern: bool,
+                 extra: Sequence[str]) -> None:
+        self.ep = ep
+        self.parts: list[tuple[bytes, bytes, list[str]]] = []
+        for task_id in task_ids:
+            params: dict[str, Any] = {"taskId": task_id}
+            headers = list(extra)
+            if modern:
+                params["_meta"] = _tasks_meta()
+                headers += ["Mcp-Method: tasks/get", f"Mcp-Name: {task_id}"]
+            body = msgspec.json.encode({"jsonrpc": "2.0", "id": 0, "method": "tasks/get", "params": params})
+            cut = body.index(b'"id":0,')
+            self.parts.append((body[:cut] + b'"id":', b"," + body[cut + len(b'"id":0,'):], headers))
+
+    def request(self, call_id: int) -> bytes:
+        prefix, suffix, headers = self.parts[call_id % len(self.parts)]
+        body = prefix + str(call_id).encode() + suffix
+        return self.ep.head(len(body), headers) + body
+
+
+def _open_legacy_session(ep: http_loadgen.Endpoint) -> list[str]:
+    """2025-11-25 handshake; the headers every later request carries."""
+    version = "2025-11-25"
+    with ep.connect() as sock:
+        init = msgspec.json.encode({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {}, "clientInfo": mcpwire.CLIENT_INFO}})
+        status, headers, body = http_loadgen.roundtrip(sock, ep.head(len(init)) + init)
+        if status != 200:
+            raise http_loadgen.HttpError(f"initialize answered HTTP {status}: {body[:200]!r}")
+        extra = [f"MCP-Protocol-Version: {version}"]
+        if headers.get(b"mcp-session-id"):
+            extra.append(f"Mcp-Session-Id: {headers[b'mcp-session-id'].decode()}")
+        note = msgspec.json.encode({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        http_loadgen.roundtrip(sock, ep.head(len(note), extra) + note)
+    return extra
+
+
+def _create_tasks(ep: http_loadgen.Endpoint, args: argparse.Namespace, extra: list[str]) -> list[str]:
+    arguments = json.loads(args.args)
+    ids: list[str] = []
+    with ep.connect() as sock:
+        for i in range(args.tasks):
+            params: dict[str, Any] = {"name": args.tool, "arguments": arguments}
+            headers = list(extra)
+            if args.modern:
+                params["_meta"] = _tasks_meta()
+                headers += ["Mcp-Method: tools/call", f"Mcp-Name: {args.tool}"]
+            else:
+                params["task"] = {"ttl": 600_000}
+            body = msgspec.json.encode({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call", "params": params})
+            status, head, raw = http_loadgen.roundtrip(sock, ep.head(len(body), headers) + body)
+            messages = http_loadgen.json_messages(head, raw) if status == 200 else []
+            result = json.loads(messages[-1]).get("result", {}) if messages else {}
+            task_id = result.get("taskId") or (result.get("task") or {}).get("taskId")
+            if not task_id:
+                raise http_loadgen.HttpError(f"tools/call {args.tool} made no task (HTTP {status}): {raw[:300]!r}")
+            ids.append(task_id)
+    return ids
+
+
+def run_mcp_mode(args: argparse.Namespace) -> int:
+    env = report.environment()
+    ep = http_loadgen.Endpoint(args.mcp_url, args.token)
+    extra = [f"MCP-Protocol-Version: {mcpwire.MODERN_PROTOCOL_VERSION}"] if args.modern else _open_legacy_session(ep)
+    task_ids = _create_tasks(ep, args, extra)
+    plan = TaskGetPlan(ep, task_ids, args.modern, extra)
+    conns = [http_loadgen.Conn(ep.connect()) for _ in range(args.concurrency)]
+    try:
+        start = time.perf_counter_ns()
+        record_from = start + int(args.warmup * 1e9)
+        state = http_loadgen.drive(plan, conns, args.warmup + args.seconds, record_from)  # type: ignore[arg-type]
+        window = (time.perf_counter_ns() - record_from) / 1e9
+    finally:
+        for c in conns:
+            c.sock.close()
+    lat = sorted(state.latencies_ns)
+    got = Measured(op=f"tasks/get over HTTP ({'2026-07-28' if args.modern else '2025-11-25'}, {len(task_ids)} tasks)",
+                   concurrency=args.concurrency, calls=len(lat), seconds=window, calls_per_s=len(lat) / window,
+                   p50_ms=percentile(lat, 0.5) / 1e6, p99_ms=percentile(lat, 0.99) / 1e6, errors=state.errors)
+    result = BackendResult(backend=args.mcp_url, tasks=len(task_ids), ops=[got], footprint="")
+    print(_table([result], args.markdown))
+    print(f"\npython {env['python']}; {env['nproc']} cores; load average {_load(env['loadavg_before'])} -> "
+          f"{_load(os.getloadavg())}; HTTP statuses {state.statuses}")
+    if args.json:
+        Path(args.json).write_bytes(msgspec.json.encode({"environment": env, "results": [result]}))
+    return 0 if state.errors == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="sqlite,redis", help="comma-separated: sqlite, redis")
+    parser.add_argument("--tasks", type=int, default=None,
+                        help="tasks to fill the store with (default 100000), or to create over MCP (default 100)")
+    parser.add_argument("-c", "--concurrency", type=int, default=64)
+    parser.add_argument("-s", "--seconds", type=float, default=10.0, help="measured seconds of get / tasks/get")
+    parser.add_argument("--warmup", type=float, default=1.0, help="MCP mode: seconds of load before measuring")
+    parser.add_argument("--redis-url", help="an existing Redis to use (default: a private redis-server)")
+    parser.add_argument("--mcp-url", help="MCP mode: poll tasks/get at this Streamable HTTP endpoint")
+    parser.add_argument("--modern", action="store_true", help="MCP mode: 2026-07-28 requests")
+    parser.add_argument("--token", default=os.environ.get("TOOLCELL_BENCH_TOKEN"), help="MCP mode: bearer token")
+    parser.add_argument("--tool", default="echo", help="MCP mode: the tool whose calls become tasks")
+    parser.add_argument("--args", default='{"text": "hello"}', help="MCP mode: its arguments (JSON object)")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table")
+    parser.add_argument("--json", help="write the environment and figures to this file")
+    args = parser.parse_args(argv)
+    if args.mcp_url:
+        args.tasks = args.tasks or 100
+        return run_mcp_mode(args)
+    args.tasks = args.tasks or 100_000
+    return run_store_mode(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,353 @@
+"""The durable task store: where MCP tasks (long-running tool calls) live between polls.
+
+One small async interface, :class:`TaskStore`, with two backends:
+
+- SQLite (``runtime.task_store_sqlite``), the default: one file in the daemon's state dir, which
+  several daemons on one machine may share;
+- Redis (``runtime.task_store_redis``), shared by daemons on several machines.
+
+The rules both keep:
+
+- A task belongs to the principal that created it. Every client-facing read (``get``, ``list``)
+  is scoped by principal; another principal's task reads exactly like an unknown one.
+- Terminal states (completed, failed, cancelled) never change: ``transition`` is a compare-and-set
+  that applies only to a task that exists and is not terminal, so of two racing transitions
+  exactly one wins.
+- A principal holds at most ``max_live_per_principal`` non-terminal tasks (checked and inserted
+  atomically).
+- A task lives ``ttl_ms`` after its creation; after that it reads as unknown and ``expire``
+  deletes it with its result and mailbox.
+- Each task is run by one daemon, its *owner*, which heartbeats. A non-terminal task whose owner
+  is gone (no heartbeat for ``orphan_after_ms``, or known dead) is made ``failed`` by
+  ``recover_orphans``, run by any daemon at start-up and periodically, so a task never stays
+  ``working`` after its daemon died.
+- Other daemons reach a task's owner through the task's mailbox (``post``; the owner ``take``s):
+  cancel requests and input responses may arrive at any daemon.
+
+``runtime.task_store_open`` opens the backend a ``tasks.store`` URL names.
+
+Times are wall-clock milliseconds since the epoch (``createdAt`` is a date on the wire) and are
+passed in by the caller where a write depends on them; reads compare with the store's
+``clock_ms``, which tests replace.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from typing import Final, Literal, Protocol
+
+import msgspec
+
+TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
+TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
+LIVE: Final = frozenset({"working", "input_required"})
+STATUSES: Final = LIVE | TERMINAL
+
+#: Task ids are 24 URL-safe characters from 18 random bytes; the store accepts any id of this shape.
+TASK_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 8 * 1024 * 1024
+DEFAULT_ORPHAN_AFTER_MS: Final = 20_000
+DEFAULT_MAILBOX_MAX_MESSAGES: Final = 256
+SQLITE_FILE_NAME: Final = "tasks.sqlite3"
+ORPHAN_ERROR_CODE: Final = -32603
+
+
+class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One task as stored. JSON payloads are kept as the bytes the daemon encoded."""
+
+    task_id: str
+    #: Who created it ("" = anonymous or local); every client-facing read is scoped by it.
+    principal: str
+    tool: str
+    #: The protocol revision it was created under: "2025-11-25" or "2026-07-28".
+    era: str
+    status: TaskStatus
+    status_message: str | None = None
+    created_at_ms: int
+    updated_at_ms: int
+    #: Lifetime after creation; None = unlimited (the daemon caps what clients ask for).
+    ttl_ms: int | None
+    poll_interval_ms: int | None = None
+    #: The id of the daemon instance running it (see ``new_owner_id`` and ``recover_orphans``).
+    owner: str
+    #: JSON of the final result (completed, or failed with a result).
+    result: bytes | None = None
+    #: JSON of a JSON-RPC error object (failed).
+    error: bytes | None = None
+    #: JSON of the pending input requests (input_required).
+    input_requests: bytes | None = None
+
+    @property
+    def expires_at_ms(self) -> int | None:
+        """When it stops existing: ``created_at_ms + ttl_ms``, or None if unlimited."""
+        return None if self.ttl_ms is None else self.created_at_ms + self.ttl_ms
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+class TaskStoreError(Exception):
+    """A task store refused an operation; the message says why, for the log or the client."""
+
+
+class TaskCapReached(TaskStoreError):
+    """The principal already has as many non-terminal tasks as it may."""
+
+
+class TaskPayloadTooLarge(TaskStoreError, ValueError):
+    """A result, error, input-request set or mailbox message is over the store's size limit."""
+
+
+class TaskMailboxFull(TaskStoreError):
+    """The task's owner has not taken its messages and the mailbox is at its cap."""
+
+
+class TaskExists(TaskStoreError):
+    """``create`` was given an id that is already stored."""
+
+
+class _Unset:
+    """A keyword argument that was not given (None means "clear the field")."""
+
+    _instance: _Unset | None = None
+
+    def __new__(cls) -> _Unset:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()
+OwnerVerdict = Callable[[str], bool | None]
+#: (In aliases because ``TaskStore.list`` shadows the builtin inside the class.)
+Page = tuple[list[TaskRecord], str | None]
+TaskIds = list[str]
+Mailboxes = dict[str, list[bytes]]
+
+
+class TaskStore(Protocol):
+    """A durable task store. All methods are trio-async and safe to call concurrently, from one
+    daemon or from several sharing the backend."""
+
+    async def create(self, rec: TaskRecord, max_live_per_principal: int) -> None:
+        """Store a new non-terminal task, durably, before returning (so ``get`` resolves it).
+
+        Raises TaskCapReached if its principal already has ``max_live_per_principal`` non-terminal
+        tasks (checked and inserted atomically), TaskExists for a duplicate id, TaskPayloadTooLarge,
+        and ValueError for a malformed record. Creating a task also counts as its owner's heartbeat.
+        """
+        ...
+
+    async def get(self, task_id: str, principal: str) -> TaskRecord | None:
+        """The task, or None if it is unknown, expired, or another principal's."""
+        ...
+
+    async def transition(self, task_id: str, *, status: TaskStatus, now_ms: int,
+                         status_message: str | None | _Unset = UNSET, result: bytes | None | _Unset = UNSET,
+                         error: bytes | None | _Unset = UNSET,
+                         input_requests: bytes | None | _Unset = UNSET) -> TaskRecord | None:
+        """Compare-and-set: apply the new status (and the fields given; None clears one) only if the
+        task exists, has not expired and is not terminal. Returns the new record, or None when
+        nothing changed. A terminal status also empties the task's mailbox."""
+        ...
+
+    async def list(self, principal: str, cursor: str | None, limit: int) -> Page:
+        """One page of the principal's live (unexpired) tasks, newest first, and the cursor of the next
+        page (None at the end). Cursors are opaque; a malformed one raises ValueError."""
+        ...
+
+    async def post(self, task_id: str, message: bytes) -> bool:
+        """Leave a message (a cancel request, input responses) for the task's owner, from any daemon.
+        False if the task is unknown or terminal (nothing is delivered). Raises TaskMailboxFull,
+        TaskPayloadTooLarge."""
+        ...
+
+    async def take(self, task_ids: TaskIds) -> Mailboxes:
+        """Drain the mailboxes of these tasks (the owner's call; non-blocking): id -> messages in the
+        order posted, only for ids that had any. Each message is taken exactly once."""
+        ...
+
+    async def recover_orphans(self, owner_alive: OwnerVerdict | None, now_ms: int, reason: str) -> int:
+        """Fail the non-terminal tasks whose owner is gone; return how many.
+
+        For each owner that has such tasks, ``owner_alive(owner)`` is asked first: True spares it,
+        False condemns it, None (or no callable) leaves it to the heartbeat: gone if its last
+        heartbeat is older than ``now_ms - orphan_after_ms``. A failed orphan carries the JSON-RPC
+        error ``{"code": -32603, "message": "the daemon running this task stopped before it
+        finished (<reason>)"}``.
+        """
+        ...
+
+    async def expire(self, now_ms: int) -> int:
+        """Delete the tasks (and their mailboxes) with ``created_at_ms + ttl_ms < now_ms``; return how many."""
+        ...
+
+    async def heartbeat(self, owner: str, now_ms: int) -> None:
+        """The owner says it is alive."""
+        ...
+
+    async def inspect(self, task_id: str) -> TaskRecord | None:
+        """Operator view (``toolcell tasks show``): the task whatever its principal, unless expired.
+        Never reachable from a client request."""
+        ...
+
+    async def list_all(self, cursor: str | None, limit: int) -> Page:
+        """Operator view (``toolcell tasks``): every principal's unexpired tasks, newest first."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the connection (and thread); the store is unusable afterwards."""
+        ...
+
+
+# -- helpers the backends share --------------------------------------------------------------------
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch (the default ``clock_ms`` of a store)."""
+    return time.time_ns() // 1_000_000
+
+
+def new_task_id() -> str:
+    """An unguessable task id: 18 random bytes, 24 URL-safe characters."""
+    return secrets.token_urlsafe(18)
+
+
+def new_owner_id() -> str:
+    """This daemon instance's owner id, ``host:pid:nonce`` (``local_owner_verdict`` reads it back)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def local_owner_verdict(me: str) -> OwnerVerdict:
+    """An ``owner_alive`` for ``recover_orphans``: ``me`` is alive; an owner on this host whose pid is
+    gone is dead at once (a restart after a crash need not wait for its heartbeat to go stale);
+    anything else (another host, a pid that exists, perhaps reused) is left to the heartbeat."""
+    host = socket.gethostname()
+
+    def verdict(owner: str) -> bool | None:
+        if owner == me:
+            return True
+        parts = owner.rsplit(":", 2)
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            return None
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return None
+        return None
+
+    return verdict
+
+
+def orphan_error(reason: str) -> tuple[str, bytes]:
+    """The status message and JSON-RPC error object given to a task whose daemon stopped."""
+    message = "the daemon running this task stopped before it finished"
+    if reason:
+        message += f" ({reason})"
+    return message, msgspec.json.encode({"code": ORPHAN_ERROR_CODE, "message": message})
+
+
+class _Cursor(msgspec.Struct, array_like=True, frozen=True):
+    created_at_ms: int
+    task_id: str
+
+
+_encode_cursor = msgspec.msgpack.Encoder().encode
+_decode_cursor = msgspec.msgpack.Decoder(_Cursor).decode
+
+
+def encode_cursor(created_at_ms: int, task_id: str) -> str:
+    """An opaque cursor: the (created, id) key of the last task on a page."""
+    return base64.urlsafe_b64encode(_encode_cursor(_Cursor(created_at_ms, task_id))).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, str]:
+    """The key inside a cursor; ValueError if it is not one of ours."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        key = _decode_cursor(raw)
+    except (binascii.Error, ValueError, msgspec.DecodeError):
+        raise ValueError("invalid cursor") from None
+    if key.created_at_ms < 0 or not TASK_ID_RE.match(key.task_id):
+        raise ValueError("invalid cursor")
+    return key.created_at_ms, key.task_id
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """Sizes and times a store enforces, the same for both backends."""
+
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    orphan_after_ms: int = DEFAULT_ORPHAN_AFTER_MS
+    mailbox_max_messages: int = DEFAULT_MAILBOX_MAX_MESSAGES
+
+    def check_payload(self, what: str, data: bytes | str | None | _Unset) -> None:
+        """Raise TaskPayloadTooLarge if ``data`` is over ``max_payload_bytes``."""
+        if isinstance(data, (bytes, str)) and len(data) > self.max_payload_bytes:
+            raise TaskPayloadTooLarge(f"the task's {what} is {len(data)} bytes, over the store's limit of "
+                                      f"{self.max_payload_bytes} bytes (tasks.max_payload_bytes)")
+
+    def check_new(self, rec: TaskRecord, max_live_per_principal: int) -> None:
+        """Raise ValueError (or TaskPayloadTooLarge) for a record ``create`` must refuse."""
+        if not TASK_ID_RE.match(rec.task_id):
+            raise ValueError(f"task id {rec.task_id!r} is not 8-128 URL-safe characters")
+        if rec.status not in LIVE:
+            raise ValueError(f"a task is created working or input_required, not {rec.status}")
+        if rec.ttl_ms is not None and rec.ttl_ms < 0:
+            raise ValueError("ttl_ms must be >= 0 or None")
+        if max_live_per_principal < 1:
+            raise ValueError("max_live_per_principal must be >= 1")
+        for what, data in (("status message", rec.status_message), ("result", rec.result), ("error", rec.error),
+                           ("input requests", rec.input_requests)):
+            self.check_payload(what, data)
+
+    def check_transition(self, status: str, status_message: str | None | _Unset, result: bytes | None | _Unset,
+                         error: bytes | None | _Unset, input_requests: bytes | None | _Unset) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"unknown task status {status!r}")
+        for what, data in (("status message", status_message), ("result", result), ("error", error),
+                           ("input requests", input_requests)):
+            self.check_payload(what, data)
+
+
+# -- opening a store ---------------------------------------------------------------------------------
+
+
+class StoreUrl(msgspec.Struct, frozen=True):
+    """A parsed ``tasks.store`` setting: which backend, and where."""
+
+    kind: Literal["sqlite", "redis"]
+    #: The SQLite file, or the URL handed to redis-py.
+    target: str
+
+
+def parse_store_url(url: str | None, state_dir: str) -> StoreUrl:
+    """Read a ``tasks.store`` value: None or "sqlite" -> ``tasks.sqlite3`` in ``state_dir``;
+    ``sqlite:///abs/path``; ``redis://``, ``rediss://`` or ``unix://`` (redis-py's forms). ValueError otherwise."""
+    if url is None or url == "sqlite":
+        return StoreUrl("sqlite", os.path.join(state_dir, SQLITE_FILE_NAME))
+    if url.startswith("sqlite://"):
+        path = url[len("sqlite://"):]
+        if not path.startswith("/") or path == "/":
+            raise ValueError(f"task store {url!r}: write sqlite:///absolute/path/tasks.sqlite3")
+        return StoreUrl("sqlite", path)
+    if url.startswith(("redis://", "rediss://")):
+        return StoreUrl("redis", url)
+    if url.startswith("unix://"):
+        if not url[len("unix://"):].startswith("/"):
+            raise ValueError(f"task store {url!r}: write unix:///absolute/path/redis.sock")
+        return StoreUrl("redis", url)
+    raise ValueError(f"task store {url!r}: use sqlite, sqlite:///PATH, redis://HOST:PORT/DB, rediss://… "
+                     "or unix:///PATH/redis.sock")
