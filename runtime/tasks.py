@@ -128,11 +128,11 @@ class TaskRun:
 
     def call_frame(self, running: RunningCall, frame: Any) -> None:
         if type(frame) is wire.Ask:
-            self.manager.nursery.start_soon(self._ask, frame)
+            self.manager.nursery.start_soon(self.manager.guarded, self._ask(frame), self.task_id)
         # Progress and log messages of a task have no request to travel with: dropped.
 
     def call_outcome(self, running: RunningCall, outcome: Outcome) -> None:
-        self.manager.nursery.start_soon(self._finish, outcome)
+        self.manager.nursery.start_soon(self.manager.guarded, self._finish(outcome), self.task_id)
 
     # -- questions -----------------------------------------------------------------------------
 
@@ -168,7 +168,8 @@ class TaskRun:
         meta = {task_shapes.RELATED_TASK: {"taskId": self.task_id}}
 
         def deliver(responses: list[wire.InputResponse]) -> None:
-            self.manager.nursery.start_soon(self.take_answers, {r.key: r for r in responses})
+            answers = {r.key: r for r in responses}
+            self.manager.nursery.start_soon(self.manager.guarded, self.take_answers(answers), self.task_id)
 
         conn.ask_client(requests, self.call.version, self.call.client_caps, _PushSink(conn.push), deliver, meta)
 
@@ -210,13 +211,13 @@ class TaskRun:
                                              status_message="the tool reported an error")
                 else:
                     await manager.transition(self, "completed", result=body, input_requests=None)
-        except TaskStoreError as exc:
-            message = f"the task's result could not be stored: {exc}"
+        except Exception as exc:  # the store failed (or our bug): the task says so if it still can
+            message = f"the task's result could not be stored: {type(exc).__name__}: {str(exc)[:200]}"
             log("task_store_failed", level="error", task=self.task_id, error=str(exc)[:300])
             try:
                 await manager.transition(self, "failed", status_message=message[:500],
                                          error=_enc.encode({"code": -32603, "message": message}))
-            except TaskStoreError:
+            except Exception:  # noqa: BLE001 (logged above; the store is down)
                 pass
         finally:
             self.finished.set()
@@ -265,6 +266,14 @@ class TaskManager:
         self.listeners: dict[str, list[tuple[str, Sink, bytes]]] = {}
         self.stats = {"created": 0, "completed": 0, "failed": 0, "cancelled": 0, "recovered": 0}
 
+    async def guarded(self, work: Awaitable[Any], task_id: str = "") -> None:
+        """Run background work of a task: a failure (the store is down, our bug) is logged, and never
+        reaches the daemon's nursery."""
+        try:
+            await work
+        except Exception as exc:
+            log("task_error", level="error", task=task_id, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+
     # -- creating ------------------------------------------------------------------------------
 
     def _ttl(self, requested: int | None) -> int:
@@ -291,8 +300,11 @@ class TaskManager:
         principal = conn.principal or ""
         try:
             record = await self._new_record(call, principal)
-        except (McpError, TaskStoreError) as exc:
-            error = exc if isinstance(exc, McpError) else ServerBusy(f"The task store is unavailable: {exc}")
+        except Exception as exc:  # the store refused or is down: this request fails, nothing else
+            error = exc if isinstance(exc, McpError) else ServerBusy(
+                f"The task store is unavailable: {type(exc).__name__}: {str(exc)[:200]}")
+            if not isinstance(exc, McpError):
+                log("task_store_failed", level="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
             return self.core.call_error(call, error), error.code
         run = TaskRun(self, record, call, principal)
         run.status_push = conn.push if not call.modern else None
@@ -314,13 +326,13 @@ class TaskManager:
         principal = conn.principal or ""
         try:
             record = await self._new_record(call, principal)
-        except (McpError, TaskStoreError) as exc:
+        except Exception as exc:  # noqa: BLE001 (the store refused or is down)
             log("task_promotion_failed", level="warning", tool=call.entry.name, error=str(exc)[:300])
             return  # it goes on inline
         if running.owner is not me or running.handle.finished:
             # It finished (inline) while the task was being stored: the client never hears of it.
-            await self.store.transition(record.task_id, status="cancelled", now_ms=wall_clock_ms(),
-                                        status_message="finished before it became a task")
+            await self.guarded(self.store.transition(record.task_id, status="cancelled", now_ms=wall_clock_ms(),
+                                                     status_message="finished before it became a task"))
             return
         run = TaskRun(self, record, call, principal)
         run.running = running
@@ -382,8 +394,9 @@ class TaskManager:
             return await self._handle(conn, req), None
         except McpError as exc:
             return rpc.error_reply(req.id_bytes, exc), exc.code
-        except TaskStoreError as exc:
-            error = ServerBusy(f"The task store is unavailable: {str(exc)[:200]}")
+        except Exception as exc:  # the store is down (or our bug): this request fails, nothing else
+            log("task_store_failed", level="error", method=req.method, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            error = ServerBusy(f"The task store is unavailable: {type(exc).__name__}")
             return rpc.error_reply(req.id_bytes, error), error.code
 
     async def _get(self, req: TaskRequest, principal: str) -> TaskRecord:
@@ -487,13 +500,16 @@ class TaskManager:
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Heartbeats, recovery of dead daemons' tasks, expiry, and the mailboxes of local tasks."""
         cfg = self.config
-        recovered = await self.store.recover_orphans(local_owner_verdict(self.owner), wall_clock_ms(),
-                                                     "the daemon restarted or died")
-        if recovered:
-            self.stats["recovered"] += recovered
-            log("tasks_recovered", level="warning", count=recovered,
-                note="tasks left running by a daemon that is gone are failed")
-        await self.store.heartbeat(self.owner, wall_clock_ms())
+        try:
+            recovered = await self.store.recover_orphans(local_owner_verdict(self.owner), wall_clock_ms(),
+                                                         "the daemon restarted or died")
+            if recovered:
+                self.stats["recovered"] += recovered
+                log("tasks_recovered", level="warning", count=recovered,
+                    note="tasks left running by a daemon that is gone are failed")
+            await self.store.heartbeat(self.owner, wall_clock_ms())
+        except Exception as exc:  # noqa: BLE001 (the loop below retries; tools are served meanwhile)
+            log("task_store_failed", level="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         task_status.started()
         next_beat = next_sweep = time.monotonic()
         while True:
@@ -511,8 +527,9 @@ class TaskManager:
                                                              "its daemon stopped answering")
                     self.stats["recovered"] += count
                     await self.store.expire(wall_clock_ms())
-            except TaskStoreError as exc:
-                log("task_store_failed", level="error", error=str(exc)[:300])
+            except Exception as exc:  # the store is down (or our bug): log, try again, keep serving
+                log("task_store_failed", level="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                await trio.sleep(1.0)
 
     async def _read_mailboxes(self) -> None:
         mail = await self.store.take(list(self.running))
