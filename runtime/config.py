@@ -144,14 +144,13 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> Config:
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     raw.update({k: v for k, v in overrides.items() if v is not None})
-    bounds = declared_bounds.problems(raw, Config)
-    if bounds:
-        raise ConfigError(f"{path or 'config'}: " + "; ".join(bounds))
+    violated = declared_bounds.violations(raw, Config)
+    problems = [message for _keys, message in violated]
     try:
-        cfg = msgspec.convert(raw, Config)
+        cfg = msgspec.convert(declared_bounds.without(raw, violated), Config)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{path or 'config'}: {exc}") from None
-    problems = check_config(cfg)
+        raise ConfigError(f"{path or 'config'}: " + "; ".join(problems + [str(exc)])) from None
+    problems += check_config(cfg)
     if problems:
         raise ConfigError(f"{path or 'config'}: " + "; ".join(problems))
     return cfg

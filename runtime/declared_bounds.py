@@ -18,43 +18,71 @@ import msgspec.inspect as mi
 
 def problems(raw: Any, struct: type[msgspec.Struct], prefix: str = "") -> list[str]:
     """Every declared bound or choice that ``raw`` (decoded TOML) violates, as readable sentences."""
-    out: list[str] = []
-    _walk(raw, mi.type_info(struct), prefix, out)
+    return [message for _keys, message in violations(raw, struct, prefix)]
+
+
+def violations(raw: Any, struct: type[msgspec.Struct], prefix: str = "") -> list[tuple[tuple[Any, ...], str]]:
+    """Like ``problems``, with where each one is in ``raw`` (the keys that lead to it)."""
+    out: list[tuple[tuple[Any, ...], str]] = []
+    _walk(raw, mi.type_info(struct), prefix, (), out)
     return out
 
 
-def _walk(value: Any, info: mi.Type, path: str, out: list[str]) -> None:
+def without(raw: Any, violated: list[tuple[tuple[Any, ...], str]]) -> Any:
+    """A copy of ``raw`` without the values that violate their declarations (their defaults apply),
+    so that the rest can still be decoded and checked, and every problem reported at once."""
+    if not isinstance(raw, dict):
+        return raw
+    keys = [k for k, _message in violated if k]
+    return _prune(raw, keys)
+
+
+def _prune(node: Any, keys: list[tuple[Any, ...]]) -> Any:
+    drop = {k[0] for k in keys if len(k) == 1}
+    deeper: dict[Any, list[tuple[Any, ...]]] = {}
+    for k in keys:
+        if len(k) > 1:
+            deeper.setdefault(k[0], []).append(k[1:])
+    if isinstance(node, dict):
+        return {key: (_prune(value, deeper[key]) if key in deeper else value)
+                for key, value in node.items() if key not in drop}
+    if isinstance(node, list):
+        return [(_prune(value, deeper[i]) if i in deeper else value) for i, value in enumerate(node) if i not in drop]
+    return node
+
+
+def _walk(value: Any, info: mi.Type, path: str, keys: tuple[Any, ...], out: list[tuple[tuple[Any, ...], str]]) -> None:
     if isinstance(info, mi.StructType):
         if not isinstance(value, dict):
             return
         for field in info.fields:
             if field.encode_name in value:
                 name = f"{path}.{field.encode_name}" if path else field.encode_name
-                _walk(value[field.encode_name], field.type, name, out)
+                _walk(value[field.encode_name], field.type, name, keys + (field.encode_name,), out)
     elif isinstance(info, mi.UnionType):
         for member in info.types:
             if _matches(value, member):
-                _walk(value, member, path, out)
+                _walk(value, member, path, keys, out)
                 return
     elif isinstance(info, mi.DictType):
         if isinstance(value, dict):
             for key, item in value.items():
-                _walk(item, info.value_type, f"{path}.{key}", out)
+                _walk(item, info.value_type, f"{path}.{key}", keys + (key,), out)
     elif isinstance(info, (mi.ListType, mi.TupleType, mi.VarTupleType)):
         item_type = getattr(info, "item_type", None)
         if isinstance(value, list) and item_type is not None:
             for i, item in enumerate(value):
-                _walk(item, item_type, f"{path}[{i}]", out)
+                _walk(item, item_type, f"{path}[{i}]", keys + (i,), out)
     elif isinstance(info, (mi.IntType, mi.FloatType)):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             problem = _out_of_bounds(value, info)
             if problem:
-                out.append(f"{path} = {value}: {problem}")
+                out.append((keys, f"{path} = {value}: {problem}"))
     elif isinstance(info, mi.LiteralType):
         if value not in info.values or type(value) is not type(info.values[0]):
             choices = [str(v) for v in info.values]
             listed = ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
-            out.append(f"{path} {value!r}: use {listed}")
+            out.append((keys, f"{path} {value!r}: use {listed}"))
 
 
 def _matches(value: Any, info: mi.Type) -> bool:

@@ -136,14 +136,15 @@ def load_manifest(plugin_dir: Path) -> Manifest:
         raise ManifestError(path, [f"no {MANIFEST_NAME} in {plugin_dir}"]) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ManifestError(path, [f"not valid TOML: {exc}"]) from None
-    bounds = declared_bounds.problems(raw, Manifest)
-    if bounds:
-        raise ManifestError(path, bounds)
+    # Declared bounds first, every one; the rest is decoded without the offending values, so that
+    # its own problems are reported in the same go.
+    violated = declared_bounds.violations(raw, Manifest)
+    problems = [message for _keys, message in violated]
     try:
-        manifest = msgspec.convert(raw, Manifest)
+        manifest = msgspec.convert(declared_bounds.without(raw, violated), Manifest)
     except msgspec.ValidationError as exc:
-        raise ManifestError(path, [str(exc)]) from None
-    problems = check_manifest(manifest, plugin_dir)
+        raise ManifestError(path, problems + [str(exc)]) from None
+    problems += check_manifest(manifest, plugin_dir)
     if problems:
         raise ManifestError(path, problems)
     return manifest

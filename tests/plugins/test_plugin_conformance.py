@@ -138,7 +138,8 @@ def test_json_schema_2020_12_tool_call(cf):
 def test_fixture_descriptions_match_reference_server(cf):
     assert cf.tools["test_simple_text"].description == "Tests simple text content response"
     assert cf.tools["test_error_handling"].description == "Tests error response handling"
-    with_arguments = {"json_schema_2020_12_tool", "test_sampling", "test_elicitation", "test_custom_headers"}
+    with_arguments = {"json_schema_2020_12_tool", "test_sampling", "test_elicitation", "test_custom_headers", "greet",
+                      "slow_compute", "confirm_delete"}
     for name, tdef in cf.tools.items():
         if name not in with_arguments:
             assert tdef.input_schema == {"type": "object", "properties": {}, "additionalProperties": False}
