@@ -170,6 +170,9 @@ class Result(msgspec.Struct, tag="result", frozen=True, array_like=True):
     #: per_call: the call's process was killed by SIGKILL before it answered (the daemon asks the
     #: worker's cgroup whether that was the memory limit).
     killed: bool = False
+    #: How long the worker took over the call (arguments in, tool, result built), in ns: the
+    #: daemon's metrics split a call's time into queue, channel and worker with it.
+    run_ns: int = 0
 
 
 FromWorker = Union[Ready, LoadFailed, Progress, Log, Result, EgressListener]
