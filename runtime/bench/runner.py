@@ -210,7 +210,7 @@ def _segment(t: _Target, shape: Shape, step_index: int, repeat: int, plan: Plan,
     seg.timeline = rec.timeline
     seg.client_cpu_pct = 100.0 * s.client_cpu_s / s.window_s if s.window_s else 0.0
     seg.late, seg.unexpected, seg.server_requests = s.late, s.unexpected, s.server_requests
-    if "cpu_after" in marks and s.span_s:
+    if "cpu_before" in marks and "cpu_after" in marks and s.span_s:
         cpu = procs.cpu_delta_s(marks["cpu_before"], marks["cpu_after"])
         seg.server_cpu_us_per_call = cpu / max(1, s.answered_since_open) * 1e6
         seg.server_cpu_pct = 100.0 * cpu / s.span_s

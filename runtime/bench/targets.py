@@ -265,7 +265,10 @@ class Live:
             why = reply.reason if isinstance(reply, wire.Garbage) else (
                 f"{reply.error.code}: {reply.error.message}" if reply.error else "no result")
             raise TargetDown(f"initialize failed: {why}")
-        result = wire.decode_value(reply.result)
+        try:
+            result = wire.decode_value(reply.result)
+        except (msgspec.DecodeError, RecursionError):
+            raise TargetDown("initialize answered a result that is not JSON") from None
         if isinstance(result, dict):
             info = result.get("serverInfo")
             self.server_info = info if isinstance(info, dict) else None

@@ -243,7 +243,7 @@ def decode_lines(lines: bytes) -> list[Envelope | Garbage]:
     msgspec call; if any line does not decode, fall back to one line at a time."""
     try:
         return list(_envelopes.decode(b"[" + lines.replace(b"\n", b",") + b"]"))
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return [decode_one(line) for line in lines.split(b"\n") if line.strip()]
 
 
@@ -266,7 +266,7 @@ def decode_one(data: bytes) -> Envelope | Garbage:
         try:
             loose = _lenient_id.decode(data)
             request_id = loose.get("id")
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             pass
         return Garbage(f"not a JSON-RPC message ({str(exc)[:120]}): {data[:160]!r}", request_id)
     except RecursionError:
