@@ -47,6 +47,7 @@ class Segment(msgspec.Struct):
     client_cpu_pct: float = 0.0
     server_cpu_us_per_call: float | None = None
     server_cpu_pct: float | None = None
+    server_cpu_s: float | None = None
     server_rss_bytes: int | None = None
     late: int = 0
     unexpected: int = 0

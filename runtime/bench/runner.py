@@ -214,6 +214,7 @@ def _segment(t: _Target, shape: Shape, step_index: int, repeat: int, plan: Plan,
         cpu = procs.cpu_delta_s(marks["cpu_before"], marks["cpu_after"])
         seg.server_cpu_us_per_call = cpu / max(1, s.answered_since_open) * 1e6
         seg.server_cpu_pct = 100.0 * cpu / s.span_s
+        seg.server_cpu_s = cpu
         seg.server_rss_bytes = marks.get("rss")
     seg.phases = phases.rows(marks.get("metrics_before"), marks.get("metrics_after"))
     return seg
