@@ -53,10 +53,11 @@ def figures(report: Report) -> list[tuple[str, Any]]:
         for s in segs:
             xs = [offset + p.t_s for p in s.timeline]
             label = f"{s.step} #{s.repeat}"
-            fig.add_trace(go.Scatter(x=xs, y=[p.p50_ms for p in s.timeline], mode="lines", name=f"p50 {label}",
-                                     legendgroup=label))
-            fig.add_trace(go.Scatter(x=xs, y=[p.p99_ms for p in s.timeline], mode="lines", name=f"p99 {label}",
-                                     line={"dash": "dot"}, legendgroup=label))
+            # an interval with no completed call has no latency: a gap, not a zero
+            fig.add_trace(go.Scatter(x=xs, y=[p.p50_ms if p.ok else None for p in s.timeline], mode="lines",
+                                     name=f"p50 {label}", legendgroup=label))
+            fig.add_trace(go.Scatter(x=xs, y=[p.p99_ms if p.ok else None for p in s.timeline], mode="lines",
+                                     name=f"p99 {label}", line={"dash": "dot"}, legendgroup=label))
             errors = [p for p in s.timeline if p.errors]
             if errors:
                 fig.add_trace(go.Scatter(x=[offset + p.t_s for p in errors], y=[p.p99_ms for p in errors],
