@@ -12,11 +12,39 @@ from importlib import metadata
 
 import msgspec
 
-from loadgen import LoadResult
-from procstats import ProcMemory
 from targets import REPO_ROOT, fastmcp_python
 
+from runtime.bench.procs import ProcMemory
+
 BASELINE = "sdk"
+
+
+class LoadResult(msgspec.Struct):
+    """One measured run (from a ``toolcell bench`` segment). Latencies in milliseconds, CPU in
+    seconds unless named otherwise."""
+
+    concurrency: int
+    modern: bool
+    duration_s: float
+    calls: int
+    calls_per_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    mean_ms: float
+    errors: int
+    lost: int
+    unexpected: int
+    error_sample: str | None
+    server_cpu_s: float
+    server_cpu_us_per_call: float
+    server_cpu_pct: float
+    client_cpu_pct: float
+    ready_s: float
+    request_bytes: int
+    rss_idle: list[ProcMemory]
+    rss_loaded: list[ProcMemory]
 
 
 class Run(msgspec.Struct):

@@ -11,7 +11,9 @@ opens a session, warms up, measures for ``--seconds`` and stops the server.
     python benchmarks/run.py --http --concurrency 16           # Streamable HTTP: toolcell vs the SDK
     python benchmarks/run.py --http --target "mysrv --port {port}" --target "other=http://10.0.0.5:9000/mcp"
 
-See benchmarks/README.md for what is measured.
+It runs on the ``toolcell bench`` engine (``runtime/bench``); ``toolcell bench`` itself aims at
+any server, this script keeps the named peers and the table RESULTS.md has always used. See
+benchmarks/README.md for what is measured.
 """
 
 from __future__ import annotations
@@ -24,13 +26,19 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-import http_loadgen
 import msgspec
 import report
 import targets
-from loadgen import LoadConfig, measure
-from report import Run
-from stdio_peer import ServerError
+from report import LoadResult, Run
+
+sys.path.insert(0, str(targets.REPO_ROOT))  # the engine (runtime.bench) from this checkout
+
+from runtime.bench import runner, scenario, wire  # noqa: E402
+from runtime.bench.load import Shape, Timing  # noqa: E402
+from runtime.bench.procs import ProcMemory  # noqa: E402
+from runtime.bench.report import Segment  # noqa: E402
+from runtime.bench.runner import Events  # noqa: E402
+from runtime.bench.targets import TargetSpec  # noqa: E402
 
 
 def _int_list(text: str) -> list[int]:
@@ -101,50 +109,74 @@ def _eta(done: int, total: int, elapsed_s: float, per_run_guess_s: float) -> str
     return f"{left // 60}m{left % 60:02d}s"
 
 
+class _Progress(Events):
+    """One line per run on stderr, as the runs happen."""
+
+    def __init__(self, repeat: int, per_run_guess_s: float) -> None:
+        self.repeat = repeat
+        self.guess = per_run_guess_s
+        self.started = time.monotonic()
+        self.total = 0
+        self.index = 0
+
+    def segment_start(self, index: int, total: int, target: str, step: str, repeat: int) -> None:
+        self.index, self.total = index, total
+        _progress(f"[{index:{len(str(total))}}/{total}] {target} {step:<6} rep {repeat}/{self.repeat} ... ", end="")
+
+    def segment_end(self, segment: Segment) -> None:
+        if segment.skipped is not None:
+            _progress(f"FAILED: {segment.skipped.splitlines()[0][:300]}")
+            return
+        eta = _eta(self.index, self.total, time.monotonic() - self.started, self.guess)
+        errors = sum(segment.errors.values())
+        cpu = segment.server_cpu_us_per_call or 0.0
+        _progress(f"{segment.calls_per_s:>9,.0f} calls/s  p50 {segment.latency.p50_ms:7.3f} ms  "
+                  f"p99 {segment.latency.p99_ms:7.2f} ms  err {errors}  cpu {cpu:,.0f} µs/call  (ETA {eta})")
+
+
+def _memory(procs: Sequence[ProcMemory]) -> list[ProcMemory]:
+    return [msgspec.structs.replace(p, role="daemon" if p.role == "server" else p.role) for p in procs]
+
+
 def run_all(servers: Sequence[targets.Target], args: argparse.Namespace) -> list[Run]:
-    """Run every point, interleaving servers, with a progress line per run on stderr."""
-    plan = [(c, rep, srv) for c in args.concurrency for rep in range(1, args.repeat + 1) for srv in servers]
+    """Run every point with the ``toolcell bench`` engine (a fresh server per run, servers
+    interleaved), with a progress line per run on stderr."""
+    specs = [TargetSpec(name=s.name, spec=" ".join(s.argv) or (s.url or ""), transport="http" if s.url else "stdio",
+                        argv=list(s.argv), url=s.url, cwd=s.cwd) for s in servers]
+    headers = []
+    token = args.token or (targets.BENCH_TOKEN if args.http else None)
+    if args.http and token:
+        headers.append(("Authorization", f"Bearer {token}"))
+    plan = runner.Plan(
+        targets=specs, scenario=scenario.from_flags([], args.tool, json.dumps(args.arguments), None, None, None),
+        steps=[Shape("closed", concurrency=c) for c in args.concurrency],
+        timing=Timing(args.warmup, args.seconds, 0, 10.0), repeat=args.repeat, modern=args.modern, headers=headers,
+        ceiling=False, phases=False, baseline=report.BASELINE if "sdk" in [s.name for s in servers] else None,
+        fresh=True)
+    result = runner.run(plan, _Progress(args.repeat, args.seconds + args.warmup + 2))
+    request_bytes = len(wire.RequestTemplate("tools/call", {"name": args.tool, "arguments": args.arguments},
+                                             args.modern).render(1, None)) - 1
+    by_name = {t.name: t for t in result.targets}
+    steps = {s.label(): s.concurrency for s in plan.steps}
     runs: list[Run] = []
-    broken: set[str] = set()
-    width = max(len(s.name) for s in servers)
-    started = time.monotonic()
-    for index, (c, rep, srv) in enumerate(plan, start=1):
-        prefix = f"[{index:{len(str(len(plan)))}}/{len(plan)}] {srv.name:<{width}} c={c:<4} rep {rep}/{args.repeat}"
-        if srv.name in broken:
-            runs.append(Run(srv.name, c, rep, error="skipped: the server failed before and never succeeded"))
+    for seg in result.segments:
+        c = steps[seg.step]
+        if seg.skipped is not None:
+            runs.append(Run(seg.target, c, seg.repeat, error=seg.skipped))
             continue
-        _progress(f"{prefix} ... ", end="")
-        config = LoadConfig(
-            tool=args.tool,
-            arguments=args.arguments,
-            modern=args.modern,
-            concurrency=c,
-            seconds=args.seconds,
-            warmup_s=args.warmup,
-        )
-        try:
-            if srv.url is not None:
-                hconfig = http_loadgen.HttpLoadConfig(
-                    url=srv.url, tool=args.tool, arguments=args.arguments, modern=args.modern, concurrency=c,
-                    seconds=args.seconds, warmup_s=args.warmup, token=args.token or targets.BENCH_TOKEN)
-                result = http_loadgen.measure_server(srv.argv, srv.url, hconfig, cwd=srv.cwd)
-            else:
-                result = measure(srv.argv, config, cwd=srv.cwd)
-        except (ServerError, http_loadgen.HttpError, OSError) as exc:
-            message = str(exc).strip()
-            runs.append(Run(srv.name, c, rep, error=message))
-            if not any(r.server == srv.name and r.result for r in runs):
-                broken.add(srv.name)
-            _progress(f"FAILED: {message.splitlines()[0] if message else type(exc).__name__}")
-            if srv.name in broken:
-                _progress("    " + "\n    ".join(message.splitlines()[-12:]))
-            continue
-        runs.append(Run(srv.name, c, rep, result=result))
-        eta = _eta(index, len(plan), time.monotonic() - started, args.seconds + args.warmup + 2)
-        _progress(
-            f"{result.calls_per_s:>9,.0f} calls/s  p50 {result.p50_ms:7.3f} ms  p99 {result.p99_ms:7.2f} ms  "
-            f"err {result.errors}  cpu {result.server_cpu_us_per_call:,.0f} µs/call  (ETA {eta})"
-        )
+        t = by_name[seg.target]
+        errors = sum(seg.errors.values())
+        sample = next((v[0] for v in seg.error_samples.values() if v), None)
+        lat = seg.latency
+        runs.append(Run(seg.target, c, seg.repeat, result=LoadResult(
+            concurrency=c, modern=args.modern, duration_s=seg.window_s, calls=seg.ok + errors,
+            calls_per_s=seg.calls_per_s, p50_ms=lat.p50_ms, p90_ms=lat.p90_ms, p99_ms=lat.p99_ms, max_ms=lat.max_ms,
+            mean_ms=lat.mean_ms, errors=errors, lost=seg.errors.get("timeout", 0), unexpected=seg.unexpected,
+            error_sample=sample, server_cpu_s=seg.server_cpu_s or 0.0,
+            server_cpu_us_per_call=seg.server_cpu_us_per_call or 0.0, server_cpu_pct=seg.server_cpu_pct or 0.0,
+            client_cpu_pct=seg.client_cpu_pct, ready_s=t.ready_s, request_bytes=request_bytes,
+            rss_idle=_memory(t.rss_idle),
+            rss_loaded=[ProcMemory(0, "daemon", "whole tree", seg.server_rss_bytes)] if seg.server_rss_bytes else [])))
     return runs
 
 

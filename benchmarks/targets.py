@@ -54,8 +54,8 @@ def builtin_targets(plugins_dir: str) -> dict[str, Target]:
         ),
         "fake": Target(
             "fake",
-            [py, str(BENCH_DIR / "fake_server.py")],
-            description="inline msgspec responder (harness self-test and client ceiling)",
+            [py, "-m", "runtime.bench.trivial_server"],
+            description="the bench's trivial server (harness self-test and client ceiling)",
         ),
     }
     fastmcp_py = fastmcp_python()

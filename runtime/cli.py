@@ -267,6 +267,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["bench"]:  # its own parser, and its own dependencies (the bench extra)
+        from runtime.bench.cli import main as bench
+
+        return bench(args_in[1:])
     parser = argparse.ArgumentParser(prog="toolcell", description="MCP tools daemon: every call in an isolated worker")
     parser.add_argument("--version", action="version", version=f"toolcell {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -313,7 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the probe's report as JSON")
     p.set_defaults(func=cmd_doctor)
 
-    args = parser.parse_args(argv)
+    sub.add_parser("bench", help="load-benchmark MCP servers (toolcell bench --help; needs toolcell[bench])")
+
+    args = parser.parse_args(args_in)
     try:
         return int(args.func(args))
     except ConfigError as exc:

@@ -97,6 +97,13 @@ class _Live:
         restarts = CounterMetricFamily("toolcell_worker_restarts", "Workers started to replace lost ones",
                                        labels=["plugin"])
         kills = CounterMetricFamily("toolcell_limit_kills", "Workers killed for exceeding a limit", labels=["plugin"])
+        # Where completed calls' time went (what `toolcell bench` reports per plugin): summed in
+        # the pool as plain floats, so they cost nothing between scrapes.
+        phase_calls = CounterMetricFamily("toolcell_call_phase_calls", "Calls completed by a worker, timed by phase",
+                                          labels=["plugin"])
+        phase_seconds = CounterMetricFamily(
+            "toolcell_call_phase_seconds", "Time completed calls spent waiting for a worker (queue), on the "
+            "daemon-worker channel (channel) and in the worker (worker)", labels=["plugin", "phase"])
         for plugin in sorted(daemon.plugins.values(), key=lambda p: p.name):
             name = plugin.name
             pool = plugin.pool
@@ -106,7 +113,12 @@ class _Live:
             alive.add_metric([name], len(getattr(pool, "workers", ())))
             restarts.add_metric([name], getattr(pool, "restarts", 0))
             kills.add_metric([name], getattr(pool, "limit_kills", 0))
-        yield from (queue, alive, restarts, kills)
+            totals = getattr(pool, "phase_totals", None)
+            if totals is not None:
+                phase_calls.add_metric([name], totals[0])
+                for phase, value in zip(("queue", "channel", "worker"), totals[1:], strict=True):
+                    phase_seconds.add_metric([name, phase], value)
+        yield from (queue, alive, restarts, kills, phase_calls, phase_seconds)
         reloads = CounterMetricFamily("toolcell_reloads", "Reloads of the plugin folders (watcher, SIGHUP, toolcell reload)")
         reloads.add_metric([], daemon.reloads)
         reload_failures = CounterMetricFamily("toolcell_reload_failures",

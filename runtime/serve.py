@@ -76,7 +76,7 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
 
         check_exposure(hcfg, listen)
         ensure_bindable(listen)
-    if hcfg.metrics_listen and (listen is not None or unix):
+    if hcfg.metrics_listen and (listen is not None or unix or stdio):
         ensure_bindable(parse_listen(hcfg.metrics_listen, default_port=9464))
     async with open_daemon(cfg) as daemon:
         audit: Any = None
@@ -86,7 +86,7 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
 
             audit = AuditLog(hcfg.audit_log)
             daemon.call_hooks.append(audit.hook)
-        if hcfg.metrics_listen and (listen is not None or unix):
+        if hcfg.metrics_listen and (listen is not None or unix or stdio):
             from runtime.metrics import Metrics
 
             metrics = Metrics(daemon)

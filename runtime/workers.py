@@ -33,6 +33,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import time
 from typing import Any, Callable
 
 import msgspec
@@ -186,7 +187,8 @@ class Slot:
     """One call on its way through a pool. ``on_done(slot)`` runs once, when it has an outcome."""
 
     __slots__ = ("call", "frame", "on_event", "on_done", "event", "result", "error", "deadline", "abandoned",
-                 "finished", "notes", "note_bytes", "notes_dropped", "asking", "run_left_s", "asks")
+                 "finished", "notes", "note_bytes", "notes_dropped", "asking", "run_left_s", "asks", "queued_at",
+                 "started_at")
 
     def __init__(self, call: wire.Call, on_event: Callable[[Any], None] | None,
                  on_done: Callable[[Slot], None] | None = None) -> None:
@@ -212,6 +214,9 @@ class Slot:
         self.run_left_s = 0.0
         #: Questions asked so far (``limits.max_asks``).
         self.asks = 0
+        #: perf_counter() when the pool took the call, and when a worker started on it.
+        self.queued_at = 0.0
+        self.started_at = 0.0
 
     def finish(self) -> None:
         if self.finished:
@@ -244,6 +249,8 @@ class WorkerPool:
         #: Set when a newer version replaced this pool: no new calls, queued and running ones finish.
         self.retiring = False
         self.restarts = 0
+        #: Completed calls, and the seconds they spent in the queue, the channel and the worker.
+        self.phase_totals = [0.0, 0.0, 0.0, 0.0]
         self.limit_kills = 0
         self.start_failures = 0
         self.in_flight = 0
@@ -427,6 +434,7 @@ class WorkerPool:
             slot.finish()
 
     def _start_deadline(self, slot: Slot) -> None:
+        slot.started_at = time.perf_counter()
         slot.deadline = trio.current_time() + self.limits.timeout_s
         if slot.deadline < self._watch_at:
             self._watch_wake.set()
@@ -504,6 +512,7 @@ class WorkerPool:
         # queue or batched behind a running call on a worker) and is bounded by max_queue.
         if self.in_flight >= len(self.workers) + self.limits.max_queue:
             raise PoolBusy(f"plugin {self.name} is busy ({self.limits.max_queue} calls waiting); retry later")
+        slot.queued_at = time.perf_counter()
         if self.idle:
             self.in_flight += 1
             self.queue.append(slot)
@@ -564,6 +573,18 @@ class WorkerPool:
         while self.in_flight:
             self._drain_event = trio.Event()
             await self._drain_event.wait()
+
+    def _account(self, slot: Slot, run_ns: int) -> None:
+        """Add a completed call's phases to the pool's totals (read by ``runtime.metrics``)."""
+        if not slot.started_at or not slot.queued_at:
+            return
+        service_s = time.perf_counter() - slot.started_at
+        worker_s = min(service_s, max(0, run_ns) / 1e9)
+        totals = self.phase_totals
+        totals[0] += 1
+        totals[1] += max(0.0, slot.started_at - slot.queued_at)
+        totals[2] += service_s - worker_s
+        totals[3] += worker_s
 
     def _release(self) -> None:
         self.in_flight -= 1
@@ -677,6 +698,7 @@ class WorkerPool:
                         pending.popleft()
                         head.result = msg
                         worker.calls += 1
+                        self._account(head, msg.run_ns)
                         self._complete(head)
                         if msg.retire is not None:
                             # Calls sent after this one never run there: back to the pool's queue.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import time
 import traceback
 from typing import Any
 
@@ -38,8 +39,15 @@ def _to_content(value: Any) -> list[dict[str, Any]]:
 
 
 def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: Any = None) -> Result:
-    """Run one call and build its result. Never raises. ``exchange(requests) -> responses`` sends
-    an ``Ask`` round and blocks for its ``Answer`` (None: this call cannot ask)."""
+    """Run one call and build its result, timed (``Result.run_ns``). Never raises.
+    ``exchange(requests) -> responses`` sends an ``Ask`` round and blocks for its ``Answer`` (None:
+    this call cannot ask)."""
+    started = time.perf_counter_ns()
+    result = _run_call(tools, call, send, exchange)
+    return msgspec.structs.replace(result, run_ns=time.perf_counter_ns() - started)
+
+
+def _run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: Any) -> Result:
     tdef = tools.get(call.tool)
     if tdef is None:
         return Result(call.id, [{"type": "text", "text": f"Unknown tool: {call.tool}"}], is_error=True)

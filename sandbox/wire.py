@@ -221,6 +221,9 @@ class Result(msgspec.Struct, tag="result", frozen=True, array_like=True):
     missing_capability: Union[str, None] = None
     #: The tool raised ``RequestError``: the request is answered -32602 with this message.
     request_error: Union[str, None] = None
+    #: How long the worker took over the call (arguments in, tool, result built), in ns: the
+    #: daemon's metrics split a call's time into queue, channel and worker with it.
+    run_ns: int = 0
 
 
 class InputRequest(msgspec.Struct, frozen=True, array_like=True):

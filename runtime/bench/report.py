@@ -1,0 +1,326 @@
+"""The report: what a run measured (Structs, written as ``--json``), the table printed at the
+end, and ``toolcell bench compare`` for CI gates."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
+
+import msgspec
+
+from runtime.bench.phases import PhaseRow
+from runtime.bench.procs import ProcMemory
+from runtime.bench.stats import Latency, OpResult, TimelinePoint
+from runtime.bench.targets import CheckResult
+
+REPORT_FORMAT = 1
+
+
+class Segment(msgspec.Struct):
+    """One target at one load step, one repeat."""
+
+    target: str
+    step: str
+    step_index: int
+    repeat: int
+    skipped: str | None = None
+    ended_by: str | None = None
+    window_s: float = 0.0
+    offered_per_s: float | None = None
+    calls_per_s: float = 0.0
+    answered_per_s: float = 0.0
+    started: int = 0
+    ok: int = 0
+    errors: dict[str, int] = msgspec.field(default_factory=dict)
+    error_samples: dict[str, list[str]] = msgspec.field(default_factory=dict)
+    latency: Latency = msgspec.field(default_factory=Latency)
+    service: Latency | None = None
+    failed_latency: Latency = msgspec.field(default_factory=Latency)
+    ops: list[OpResult] = msgspec.field(default_factory=list)
+    timeline: list[TimelinePoint] = msgspec.field(default_factory=list)
+    histogram: str = ""
+    client_cpu_pct: float = 0.0
+    server_cpu_us_per_call: float | None = None
+    server_cpu_pct: float | None = None
+    server_cpu_s: float | None = None
+    server_rss_bytes: int | None = None
+    late: int = 0
+    unexpected: int = 0
+    server_requests: int = 0
+    phases: list[PhaseRow] = msgspec.field(default_factory=list)
+
+
+class Summary(msgspec.Struct):
+    """One target at one load step, over its repeats: medians of rates, merged histograms."""
+
+    target: str
+    step: str
+    step_index: int
+    repeats: int
+    calls_per_s: float
+    calls_per_s_min: float
+    calls_per_s_max: float
+    latency: Latency
+    service: Latency | None
+    errors: dict[str, int]
+    error_rate: float
+    client_cpu_pct: float
+    server_cpu_us_per_call: float | None
+    server_rss_mb: float | None
+    ratio: float | None = None
+    p50_ratio: float | None = None
+    ceiling_share: float | None = None
+    offered_per_s: float | None = None
+    curve: list[tuple[float, float]] = msgspec.field(default_factory=list)
+    phases: list[PhaseRow] = msgspec.field(default_factory=list)
+
+
+class TargetReport(msgspec.Struct):
+    """A target: what it is, what it says it is, and how it fared."""
+
+    name: str
+    spec: str
+    transport: str
+    local: bool
+    ceiling: bool
+    status: str
+    problem: str | None
+    server_info: dict[str, Any] | None
+    protocol_version: str | None
+    ready_s: float
+    checks: list[CheckResult]
+    rss_idle: list[ProcMemory]
+    knee: str | None = None
+    knee_note: str | None = None
+
+
+class Report(msgspec.Struct):
+    """Everything ``toolcell bench`` measured in one run."""
+
+    format: int
+    environment: dict[str, Any]
+    config: dict[str, Any]
+    targets: list[TargetReport]
+    segments: list[Segment]
+    summary: list[Summary]
+    warnings: list[str]
+    baseline: str | None = None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def _git_commit() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def environment() -> dict[str, Any]:
+    """Versions, cores and load: recorded beside every figure."""
+    dists = ("toolcell", "trio", "msgspec", "psutil", "httptools", "hdrhistogram", "plotly", "mcp")
+    return {
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_model": _cpu_model(),
+        "cores": len(os.sched_getaffinity(0)),
+        "cpu_count": os.cpu_count(),
+        "versions": {d: v for d in dists if (v := _version(d)) is not None},
+        "git_commit": _git_commit(),
+        "loadavg_before": list(os.getloadavg()),
+    }
+
+
+def environment_lines(env: dict[str, Any]) -> list[str]:
+    """The environment as short lines."""
+    versions = ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
+    load = env.get("loadavg_before") or []
+    after = env.get("loadavg_after") or []
+    return [
+        f"when {env.get('when')}, git {env.get('git_commit') or '-'}; python {env.get('python')}, {versions}",
+        f"cores: {env.get('cores')} usable of {env.get('cpu_count')} ({env.get('cpu_model')}); {env.get('platform')}",
+        "load average before: " + " ".join(f"{x:.2f}" for x in load) + "; after: " + " ".join(f"{x:.2f}" for x in after),
+    ]
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}" if value < 10 else f"{value:.1f}" if value < 1000 else f"{value:,.0f}"
+
+
+HEADERS = ["target", "step", "calls/s", "spread", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "errors",
+           "srv CPU µs/call", "srv RSS MB", "client CPU", "ratio"]
+
+
+def _cells(row: Summary, baseline: str | None) -> list[str]:
+    spread = (row.calls_per_s_max - row.calls_per_s_min) / row.calls_per_s * 50 if row.calls_per_s else 0.0
+    errors = sum(row.errors.values())
+    err = f"{errors}" + (f" ({row.error_rate:.1%})" if errors else "")
+    ratio = "-" if row.ratio is None else ("1.00 (base)" if row.target == baseline else f"{row.ratio:.2f}x")
+    return [row.target, row.step, f"{row.calls_per_s:,.0f}", f"±{spread:.0f}%", _ms(row.latency.p50_ms),
+            _ms(row.latency.p90_ms), _ms(row.latency.p99_ms), _ms(row.latency.p999_ms), _ms(row.latency.max_ms), err,
+            "-" if row.server_cpu_us_per_call is None else f"{row.server_cpu_us_per_call:,.0f}",
+            "-" if row.server_rss_mb is None else f"{row.server_rss_mb:.1f}", f"{row.client_cpu_pct:.0f}%", ratio]
+
+
+def table(rows: Sequence[Summary], baseline: str | None, markdown: bool = False) -> str:
+    """The summary as an aligned text table (or markdown)."""
+    cells = [_cells(r, baseline) for r in rows]
+    if markdown:
+        out = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" if i < 2 else "---:" for i in range(len(HEADERS))) + "|"]
+        return "\n".join(out + ["| " + " | ".join(c) + " |" for c in cells])
+    grid = [HEADERS, *cells]
+    widths = [max(len(line[i]) for line in grid) for i in range(len(HEADERS))]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=False))).rstrip()
+             for line in grid]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_text(report: Report, markdown: bool = False) -> str:
+    """Everything a person reads at the end of a run."""
+    out = []
+    cfg = report.config
+    out.append(f"{cfg.get('shape_mode')} loop, {cfg.get('era')} era; {cfg.get('repeat')} x "
+               f"{cfg.get('window')} after {cfg.get('warmup_s')} s warm-up; scenario: {cfg.get('scenario_text')}")
+    out.append("")
+    for t in report.targets:
+        info = t.server_info or {}
+        who = f"{info.get('name', '?')} {info.get('version', '')}".strip() if info else "-"
+        line = f"{t.name}: {t.spec} [{t.transport}] server {who}, status {t.status.upper()}"
+        if t.problem:
+            line += f" — {t.problem[:300]}"
+        if t.knee:
+            line += f"; knee at {t.knee} ({t.knee_note})"
+        out.append(("- " if markdown else "") + line)
+    out.append("")
+    rows = [r for r in report.summary]
+    if rows:
+        out.append(table(rows, report.baseline, markdown))
+    phases = [(r.target, r.step, p) for r in report.summary for p in r.phases]
+    if phases:
+        out.append("")
+        out.append("where a toolcell call's time goes (daemon metrics, mean µs per call):")
+        for target, step, p in phases:
+            out.append(f"  {target} {step} plugin {p.plugin}: queue {p.queue_us:,.0f}, channel {p.channel_us:,.0f}, "
+                       f"worker {p.worker_us:,.0f} ({p.calls:,} calls)")
+    samples = [(s.target, s.step, k, v[0]) for s in report.segments for k, v in s.error_samples.items() if v]
+    if samples:
+        out.append("")
+        out.append("first errors:")
+        seen = set()
+        for target, step, kind, text in samples:
+            if (target, kind) in seen:
+                continue
+            seen.add((target, kind))
+            out.append(f"  {target} {step} {kind}: {text[:240]}")
+    if report.warnings:
+        out.append("")
+        out.extend(f"warning: {w}" for w in report.warnings)
+    out.append("")
+    out.extend(("- " if markdown else "") + line for line in environment_lines(report.environment))
+    return "\n".join(out)
+
+
+# -- JSON and compare ------------------------------------------------------------------------------
+
+
+def to_json(report: Report) -> bytes:
+    """The report as indented JSON."""
+    return msgspec.json.format(msgspec.json.encode(report), indent=1)
+
+
+def load(path: str) -> Report:
+    """A report written by ``--json``; ValueError if it is not one."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        report = msgspec.json.decode(data, type=Report)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"{path} is not a toolcell bench report: {exc}") from None
+    if report.format != REPORT_FORMAT:
+        raise ValueError(f"{path}: report format {report.format}, this version reads {REPORT_FORMAT}")
+    return report
+
+
+class Change(msgspec.Struct):
+    """One (target, step) compared between two reports."""
+
+    target: str
+    step: str
+    base_calls_per_s: float
+    new_calls_per_s: float
+    calls_change: float
+    base_p99_ms: float
+    new_p99_ms: float
+    p99_change: float
+    base_error_rate: float
+    new_error_rate: float
+    regressions: list[str]
+
+
+def compare(base: Report, new: Report, threshold_pct: float) -> list[Change]:
+    """Every (target, step) in both reports. A regression: calls/s down or p99 up by more than
+    ``threshold_pct`` percent, or an error rate that grew by more than that share of itself and by
+    at least 0.1 percentage point (so errors where there were none count)."""
+    old = {(s.target, s.step): s for s in base.summary}
+    out = []
+    for s in new.summary:
+        b = old.get((s.target, s.step))
+        if b is None:
+            continue
+        calls = (s.calls_per_s - b.calls_per_s) / b.calls_per_s * 100 if b.calls_per_s else 0.0
+        p99 = (s.latency.p99_ms - b.latency.p99_ms) / b.latency.p99_ms * 100 if b.latency.p99_ms else 0.0
+        regressions = []
+        if calls < -threshold_pct:
+            regressions.append(f"calls/s {calls:+.1f}%")
+        if p99 > threshold_pct:
+            regressions.append(f"p99 {p99:+.1f}%")
+        if s.error_rate - b.error_rate > max(0.001, b.error_rate * threshold_pct / 100):
+            regressions.append(f"error rate {b.error_rate:.2%} -> {s.error_rate:.2%}")
+        out.append(Change(s.target, s.step, b.calls_per_s, s.calls_per_s, calls, b.latency.p99_ms,
+                          s.latency.p99_ms, p99, b.error_rate, s.error_rate, regressions))
+    return out
+
+
+def compare_text(changes: Sequence[Change], threshold_pct: float) -> str:
+    """The comparison as a table, and a verdict."""
+    headers = ["target", "step", "calls/s base", "calls/s new", "change", "p99 base", "p99 new", "change", "verdict"]
+    rows = [[c.target, c.step, f"{c.base_calls_per_s:,.0f}", f"{c.new_calls_per_s:,.0f}", f"{c.calls_change:+.1f}%",
+             _ms(c.base_p99_ms), _ms(c.new_p99_ms), f"{c.p99_change:+.1f}%",
+             "REGRESSION: " + ", ".join(c.regressions) if c.regressions else "ok"] for c in changes]
+    grid = [headers, *rows]
+    widths = [max(len(r[i]) for r in grid) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in grid]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    bad = sum(1 for c in changes if c.regressions)
+    lines.append("")
+    lines.append(f"{bad} regression(s) beyond {threshold_pct:g}%" if bad else f"no regression beyond {threshold_pct:g}%")
+    return "\n".join(lines)

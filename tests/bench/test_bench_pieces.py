@@ -1,0 +1,133 @@
+"""The bench's pieces: templated requests, response checks against hostile input, the weighted
+mix, the HTML report in a real headless Chromium, the missing-extra message, and the daemon
+never loading any of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("hdrh")
+
+from runtime.bench import scenario, wire  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def test_a_template_fills_the_id_and_every_placeholder_and_an_int_placeholder_becomes_a_number() -> None:
+    t = wire.RequestTemplate("tools/call", {"name": "echo", "arguments": {
+        "text": "a {{seq}} b {{ seq }}", "n": "{{int:seq}}", "u": "{{uuid}}", "keep": "{{nope}}"}}, modern=False)
+    v = wire.Variables(41, t.used)
+    msg = json.loads(t.render(7, v))
+    assert msg["id"] == 7 and msg["method"] == "tools/call"
+    args = msg["params"]["arguments"]
+    assert args["text"] == "a 41 b 41" and args["n"] == 41 and re.fullmatch(r"[0-9a-f]{32}", args["u"])
+    assert args["keep"] == "{{nope}}"
+    plain = wire.RequestTemplate("tools/call", {"name": "echo", "arguments": {"text": "x"}}, modern=True)
+    assert plain.simple
+    modern = json.loads(plain.render(3, None))
+    assert modern["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] == "2026-07-28"
+
+
+@pytest.mark.parametrize("line, kind", [
+    (b'{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"hi"}]}}', "ok"),
+    (b'{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"hi"}],"isError":true}}', "tool_error"),
+    (b'{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"no"}}', "rpc_error"),
+    (b'{"jsonrpc":"1.0","id":1,"result":{"content":[]}}', "invalid"),
+    (b'{"jsonrpc":"2.0","id":1}', "invalid"),
+    (b'{"jsonrpc":"2.0","id":1,"result":{"content":"x"}}', "invalid"),
+    (b'{"jsonrpc":"2.0","id":1,"result":null}', "invalid"),
+    (b'{"jsonrpc":"2.0","id":1,"result":{"content":[]},"error":{"code":1,"message":"x"}}', "invalid"),
+    (b'{"jsonrpc":"2.0","id":1,"result":{"content":[],"resultType":"input_required"}}', "invalid"),
+    (b'{"jsonrpc":"2.0","id":1,"error":{"code":"x","message":5}}', "garbage"),
+    (b'{"jsonrpc":"2.0","id":[1],"result":' + b"[" * 5000 + b"]" * 5000 + b"}", "garbage"),
+    (b"\xff\xfe not json", "garbage"),
+])
+def test_every_response_is_classified_and_nothing_a_server_sends_raises(line: bytes, kind: str) -> None:
+    (msg,) = wire.decode_lines(line)
+    if isinstance(msg, wire.Garbage):
+        assert kind == "garbage", msg.reason
+        return
+    assert wire.check_call(msg, None, "hi" if kind == "ok" else None)[0] == kind
+
+
+def test_expectations_catch_wrong_text_and_schema_mismatches() -> None:
+    (msg,) = wire.decode_lines(b'{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"hi 3"}],'
+                               b'"structuredContent":{"n":"3"}}}')
+    assert isinstance(msg, wire.Envelope)
+    assert wire.check_call(msg, None, "hi 3") == ("ok", None)
+    assert wire.check_call(msg, None, "hi 4")[0] == "invalid"
+    schema = scenario.schema_check({"type": "object", "properties": {"n": {"type": "integer"}}})
+    assert wire.check_call(msg, wire.CallCheck(schema=schema), None)[0] == "invalid"
+    assert wire.check_call(msg, wire.CallCheck(contains="hi"), None) == ("ok", None)
+
+
+def test_the_weighted_mix_is_exact_and_deterministic() -> None:
+    mix = scenario.Mix([3, 1, 0])
+    drawn = [mix.next() for _ in range(400)]
+    assert drawn.count(0) == 300 and drawn.count(1) == 100 and 2 not in drawn
+    again = scenario.Mix([3, 1, 0])
+    assert [again.next() for _ in range(400)] == drawn
+
+
+def test_bad_scenarios_are_refused_with_the_reason(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[call]]\ntool = "x"\nwieght = 2\n')
+    with pytest.raises(scenario.ScenarioError, match="wieght"):
+        scenario.load_file(str(bad))
+    with pytest.raises(scenario.ScenarioError, match="not JSON"):
+        scenario.parse_call_flag("echo {nope")
+    with pytest.raises(scenario.ScenarioError, match="nothing to send"):
+        scenario.from_flags(["0*echo"], None, None, None, None, None)
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="chromium is installed by tests/system-packages.sh")
+def test_the_html_report_is_self_contained_and_its_plots_render_in_headless_chromium(tmp_path: Path) -> None:
+    html = tmp_path / "report.html"
+    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "bench", "trivial", "trivial+http", "--tool", "echo",
+                           "-c", "1,2", "--duration", "0.5", "--warmup", "0.1", "--quiet", "--html", str(html)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = html.read_text()
+    # nothing to fetch: no script or stylesheet from elsewhere
+    assert not re.search(r"<script[^>]+src=|<link[^>]+href=\"http", page)
+    profile = tmp_path / "chromium-profile"
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom", html.as_uri()],
+                         capture_output=True, text=True, timeout=90)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    # Plotly drew every figure as SVG in the page: throughput, and per target (2 + 2 ceilings)
+    # a timeline and a distribution, each with its traces.
+    plots = dom.stdout.count('class="plot-container plotly"')
+    assert plots == 1 + 2 * 4, plots
+    assert dom.stdout.count('<svg class="main-svg"') >= plots
+    assert dom.stdout.count('class="trace scatter') >= 8 and 'class="trace bars' in dom.stdout
+    assert "calls/s" in dom.stdout and "latency distribution" in dom.stdout
+
+
+def test_without_the_bench_extra_it_says_how_to_install_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "hdrh"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('not installed (test)')\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "bench", "trivial"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "pip install 'toolcell[bench]'" in proc.stderr
+
+
+def test_the_daemon_never_loads_the_bench() -> None:
+    code = ("import sys, runtime.cli, runtime.serve, runtime.daemon, runtime.metrics\n"
+            "print([m for m in sys.modules if m.startswith(('runtime.bench', 'hdrh', 'plotly'))])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
