@@ -10,13 +10,7 @@ versions, core count and load average. Redis runs as a private ``redis-server`` 
     python benchmarks/task_store_bench.py                       # sqlite and redis, 100,000 tasks, c=64, 10 s
     python benchmarks/task_store_bench.py --backends sqlite --tasks 10000 -s 3 --markdown
 
-MCP mode (``--mcp-url``) measures ``tasks/get`` polling end to end against a running MCP server
-over Streamable HTTP: it creates K tasks with task-augmented ``tools/call`` (2025-11-25:
-``params.task``; ``--modern``, 2026-07-28: the ``io.modelcontextprotocol/tasks`` extension
-declared in ``_meta``), then keeps one ``tasks/get`` in flight on each of C keep-alive
-connections for S seconds (the epoll client of ``http_loadgen.py``):
-
-    python benchmarks/task_store_bench.py --mcp-url http://127.0.0.1:8765/mcp --token T --tool slow --tasks 100 -c 64
+End to end through a daemon (``tasks/get`` polling over HTTP): ``benchmarks/tasks_poll_bench.py``.
 """
 
 from __future__ import annotations
@@ -41,8 +35,6 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-import http_loadgen  # noqa: E402
-import mcpwire  # noqa: E402
 import report  # noqa: E402
 from loadgen import percentile  # noqa: E402
 
@@ -287,126 +279,17 @@ def _load(value: object) -> str:
     return "/".join(f"{x:.2f}" for x in value) if isinstance(value, (list, tuple)) else str(value)
 
 
-# -- MCP mode: tasks/get polling against a running server ------------------------------------------
-
-
-def _tasks_meta() -> dict[str, Any]:
-    meta = mcpwire.modern_meta()
-    meta["io.modelcontextprotocol/clientCapabilities"] = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
-    return meta
-
-
-class TaskGetPlan:
-    """Pre-encoded ``tasks/get`` requests for a set of task ids; call ``i`` polls task ``i mod K``."""
-
-    def __init__(self, ep: http_loadgen.Endpoint, task_ids: Sequence[str], modern: bool,
-                 extra: Sequence[str]) -> None:
-        self.ep = ep
-        self.parts: list[tuple[bytes, bytes, list[str]]] = []
-        for task_id in task_ids:
-            params: dict[str, Any] = {"taskId": task_id}
-            headers = list(extra)
-            if modern:
-                params["_meta"] = _tasks_meta()
-                headers += ["Mcp-Method: tasks/get", f"Mcp-Name: {task_id}"]
-            body = msgspec.json.encode({"jsonrpc": "2.0", "id": 0, "method": "tasks/get", "params": params})
-            cut = body.index(b'"id":0,')
-            self.parts.append((body[:cut] + b'"id":', b"," + body[cut + len(b'"id":0,'):], headers))
-
-    def request(self, call_id: int) -> bytes:
-        prefix, suffix, headers = self.parts[call_id % len(self.parts)]
-        body = prefix + str(call_id).encode() + suffix
-        return self.ep.head(len(body), headers) + body
-
-
-def _open_legacy_session(ep: http_loadgen.Endpoint) -> list[str]:
-    """2025-11-25 handshake; the headers every later request carries."""
-    version = "2025-11-25"
-    with ep.connect() as sock:
-        init = msgspec.json.encode({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
-            "protocolVersion": version, "capabilities": {}, "clientInfo": mcpwire.CLIENT_INFO}})
-        status, headers, body = http_loadgen.roundtrip(sock, ep.head(len(init)) + init)
-        if status != 200:
-            raise http_loadgen.HttpError(f"initialize answered HTTP {status}: {body[:200]!r}")
-        extra = [f"MCP-Protocol-Version: {version}"]
-        if headers.get(b"mcp-session-id"):
-            extra.append(f"Mcp-Session-Id: {headers[b'mcp-session-id'].decode()}")
-        note = msgspec.json.encode({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        http_loadgen.roundtrip(sock, ep.head(len(note), extra) + note)
-    return extra
-
-
-def _create_tasks(ep: http_loadgen.Endpoint, args: argparse.Namespace, extra: list[str]) -> list[str]:
-    arguments = json.loads(args.args)
-    ids: list[str] = []
-    with ep.connect() as sock:
-        for i in range(args.tasks):
-            params: dict[str, Any] = {"name": args.tool, "arguments": arguments}
-            headers = list(extra)
-            if args.modern:
-                params["_meta"] = _tasks_meta()
-                headers += ["Mcp-Method: tools/call", f"Mcp-Name: {args.tool}"]
-            else:
-                params["task"] = {"ttl": 600_000}
-            body = msgspec.json.encode({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call", "params": params})
-            status, head, raw = http_loadgen.roundtrip(sock, ep.head(len(body), headers) + body)
-            messages = http_loadgen.json_messages(head, raw) if status == 200 else []
-            result = json.loads(messages[-1]).get("result", {}) if messages else {}
-            task_id = result.get("taskId") or (result.get("task") or {}).get("taskId")
-            if not task_id:
-                raise http_loadgen.HttpError(f"tools/call {args.tool} made no task (HTTP {status}): {raw[:300]!r}")
-            ids.append(task_id)
-    return ids
-
-
-def run_mcp_mode(args: argparse.Namespace) -> int:
-    env = report.environment()
-    ep = http_loadgen.Endpoint(args.mcp_url, args.token)
-    extra = [f"MCP-Protocol-Version: {mcpwire.MODERN_PROTOCOL_VERSION}"] if args.modern else _open_legacy_session(ep)
-    task_ids = _create_tasks(ep, args, extra)
-    plan = TaskGetPlan(ep, task_ids, args.modern, extra)
-    conns = [http_loadgen.Conn(ep.connect()) for _ in range(args.concurrency)]
-    try:
-        start = time.perf_counter_ns()
-        record_from = start + int(args.warmup * 1e9)
-        state = http_loadgen.drive(plan, conns, args.warmup + args.seconds, record_from)  # type: ignore[arg-type]
-        window = (time.perf_counter_ns() - record_from) / 1e9
-    finally:
-        for c in conns:
-            c.sock.close()
-    lat = sorted(state.latencies_ns)
-    got = Measured(op=f"tasks/get over HTTP ({'2026-07-28' if args.modern else '2025-11-25'}, {len(task_ids)} tasks)",
-                   concurrency=args.concurrency, calls=len(lat), seconds=window, calls_per_s=len(lat) / window,
-                   p50_ms=percentile(lat, 0.5) / 1e6, p99_ms=percentile(lat, 0.99) / 1e6, errors=state.errors)
-    result = BackendResult(backend=args.mcp_url, tasks=len(task_ids), ops=[got], footprint="")
-    print(_table([result], args.markdown))
-    print(f"\npython {env['python']}; {env['nproc']} cores; load average {_load(env['loadavg_before'])} -> "
-          f"{_load(os.getloadavg())}; HTTP statuses {state.statuses}")
-    if args.json:
-        Path(args.json).write_bytes(msgspec.json.encode({"environment": env, "results": [result]}))
-    return 0 if state.errors == 0 else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="sqlite,redis", help="comma-separated: sqlite, redis")
     parser.add_argument("--tasks", type=int, default=None,
-                        help="tasks to fill the store with (default 100000), or to create over MCP (default 100)")
+                        help="tasks to fill the store with (default 100000)")
     parser.add_argument("-c", "--concurrency", type=int, default=64)
     parser.add_argument("-s", "--seconds", type=float, default=10.0, help="measured seconds of get / tasks/get")
-    parser.add_argument("--warmup", type=float, default=1.0, help="MCP mode: seconds of load before measuring")
     parser.add_argument("--redis-url", help="an existing Redis to use (default: a private redis-server)")
-    parser.add_argument("--mcp-url", help="MCP mode: poll tasks/get at this Streamable HTTP endpoint")
-    parser.add_argument("--modern", action="store_true", help="MCP mode: 2026-07-28 requests")
-    parser.add_argument("--token", default=os.environ.get("TOOLCELL_BENCH_TOKEN"), help="MCP mode: bearer token")
-    parser.add_argument("--tool", default="echo", help="MCP mode: the tool whose calls become tasks")
-    parser.add_argument("--args", default='{"text": "hello"}', help="MCP mode: its arguments (JSON object)")
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")
     parser.add_argument("--json", help="write the environment and figures to this file")
     args = parser.parse_args(argv)
-    if args.mcp_url:
-        args.tasks = args.tasks or 100
-        return run_mcp_mode(args)
     args.tasks = args.tasks or 100_000
     return run_store_mode(args)
 
