@@ -232,7 +232,8 @@ def new_owner_id() -> str:
 def local_owner_verdict(me: str) -> OwnerVerdict:
     """An ``owner_alive`` for ``recover_orphans``: ``me`` is alive; an owner on this host whose pid is
     gone is dead at once (a restart after a crash need not wait for its heartbeat to go stale);
-    anything else (another host, a pid that exists, perhaps reused) is left to the heartbeat."""
+    anything else (another host, a pid that exists, perhaps reused) is left to the heartbeat. Daemons
+    that share a host name must share a pid namespace (containers have host names of their own)."""
     host = socket.gethostname()
 
     def verdict(owner: str) -> bool | None:
