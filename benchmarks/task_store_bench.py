@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import report  # noqa: E402
-from loadgen import percentile  # noqa: E402
+from runtime.bench import stats  # noqa: E402
 
 from runtime.task_store import (  # noqa: E402
     Limits,
@@ -226,6 +226,14 @@ def store_environment(redis_url: str | None) -> dict[str, object]:
         versions["redis-server"] = redis.Redis.from_url(redis_url).info("server")["redis_version"]
     env["versions"] = versions
     return env
+
+
+def percentile(latencies_ns: Sequence[int], fraction: float) -> float:
+    """The ``fraction`` percentile of latencies (ns), from an HDR histogram (``runtime.bench.stats``)."""
+    hist = stats.histogram()
+    for ns in latencies_ns:
+        hist.record_value(max(1, ns // 1000))
+    return float(hist.get_value_at_percentile(fraction * 100)) * 1000 if latencies_ns else 0.0
 
 
 def _table(results: Sequence[BackendResult], markdown: bool) -> str:

@@ -30,13 +30,16 @@ class BatchThread(Generic[J]):
     """Runs ``run_batch(jobs) -> outcomes`` (one outcome per job, in order) on a dedicated thread.
 
     ``run_batch`` runs only on that thread and must not raise (it captures each job's error in the
-    job's outcome); ``on_close`` runs there last, when ``aclose`` is called.
+    job's outcome); ``on_close`` runs there last, when ``aclose`` is called. ``translate`` turns a
+    job's exception into the one its caller sees (a client library's into the store's own).
     """
 
     def __init__(self, name: str, run_batch: Callable[[Sequence[J]], Sequence[outcome.Outcome[Any]]],
-                 on_close: Callable[[], None] = lambda: None, max_batch: int = 256) -> None:
+                 on_close: Callable[[], None] = lambda: None, max_batch: int = 256,
+                 translate: Callable[[Exception], Exception] = lambda exc: exc) -> None:
         self._run_batch = run_batch
         self._on_close = on_close
+        self._translate = translate
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[_Item[J] | None] = queue.SimpleQueue()
         self._closed = False
@@ -86,6 +89,8 @@ class BatchThread(Generic[J]):
                 raise RuntimeError(f"run_batch returned {len(results)} outcomes for {len(batch)} jobs")
         except BaseException as exc:  # our bug: still wake every waiter, with the error
             results = [outcome.Error(exc) for _ in batch]
+        results = [outcome.Error(self._translate(r.error)) if isinstance(r, outcome.Error)
+                   and isinstance(r.error, Exception) else r for r in results]
         by_token: dict[trio.lowlevel.TrioToken, list[tuple[trio.lowlevel.Task, outcome.Outcome[Any]]]] = {}
         for (_, task, token), result in zip(batch, results, strict=True):
             by_token.setdefault(token, []).append((task, result))

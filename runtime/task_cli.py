@@ -14,7 +14,7 @@ import msgspec
 import trio
 
 from runtime.config import Config
-from runtime.task_store import TaskRecord, TaskStore, parse_store_url, wall_clock_ms
+from runtime.task_store import TaskRecord, TaskStore, parse_store_url, redact_store_url, wall_clock_ms
 from runtime.task_store_open import open_task_store
 
 Table = Callable[[list[list[str]], list[str]], str]
@@ -117,7 +117,8 @@ def run_tasks_command(cfg: Config, args: argparse.Namespace, table: Table) -> in
     try:
         records, rec = trio.run(_read, url, cfg, args)
     except Exception as exc:  # an unreachable Redis, an unreadable file: say which store and why
-        print(f"toolcell tasks: cannot read the task store {url or where.target}: {exc}", file=sys.stderr)
+        print(f"toolcell tasks: cannot read the task store {redact_store_url(url) if url else where.target}: {exc}",
+              file=sys.stderr)
         return 1
     if showing:
         if rec is None:

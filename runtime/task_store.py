@@ -114,6 +114,24 @@ class TaskExists(TaskStoreError):
     """``create`` was given an id that is already stored."""
 
 
+class TaskStoreUnavailable(TaskStoreError):
+    """The backend failed (Redis unreachable, the SQLite file locked too long or damaged): the
+    operation did not happen, or its outcome is unknown; try again later. The cause is chained."""
+
+
+def unavailable_error(where: str, kinds: tuple[type[Exception], ...]) -> Callable[[Exception], Exception]:
+    """A ``translate`` for a backend's thread: its client's errors (``kinds``) become TaskStoreUnavailable."""
+
+    def translate(exc: Exception) -> Exception:
+        if isinstance(exc, TaskStoreError) or not isinstance(exc, kinds):
+            return exc
+        err = TaskStoreUnavailable(f"the task store ({where}) failed: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        return err
+
+    return translate
+
+
 class _Unset:
     """A keyword argument that was not given (None means "clear the field")."""
 
@@ -232,7 +250,8 @@ def new_owner_id() -> str:
 def local_owner_verdict(me: str) -> OwnerVerdict:
     """An ``owner_alive`` for ``recover_orphans``: ``me`` is alive; an owner on this host whose pid is
     gone is dead at once (a restart after a crash need not wait for its heartbeat to go stale);
-    anything else (another host, a pid that exists, perhaps reused) is left to the heartbeat."""
+    anything else (another host, a pid that exists, perhaps reused) is left to the heartbeat. Daemons
+    that share a host name must share a pid namespace (containers have host names of their own)."""
     host = socket.gethostname()
 
     def verdict(owner: str) -> bool | None:
@@ -331,6 +350,13 @@ class StoreUrl(msgspec.Struct, frozen=True):
     kind: Literal["sqlite", "redis"]
     #: The SQLite file, or the URL handed to redis-py.
     target: str
+
+
+def redact_store_url(url: str) -> str:
+    """A store URL as it may appear in a log or an error: no user, password or query (which may hold one)."""
+    scheme, sep, rest = url.partition("://")
+    rest = rest.split("?", 1)[0]
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}"
 
 
 def parse_store_url(url: str | None, state_dir: str) -> StoreUrl:

@@ -49,6 +49,8 @@ from runtime.task_store import (
     decode_cursor,
     encode_cursor,
     orphan_error,
+    redact_store_url,
+    unavailable_error,
 )
 
 T = TypeVar("T")
@@ -232,8 +234,9 @@ class RedisTaskStore:
         self._clock_ms = clock_ms
         self._p = f"{namespace}:"
         self._client: redis.Redis = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=10)
-        self._thread: BatchThread[_Cmd | _Call] = BatchThread("task-store-redis", self._run_batch,
-                                                              on_close=self._client.close)
+        self._thread: BatchThread[_Cmd | _Call] = BatchThread(
+            "task-store-redis", self._run_batch, on_close=self._client.close,
+            translate=unavailable_error(redact_store_url(url), (redis.exceptions.RedisError, OSError)))
 
     @classmethod
     async def open(cls, url: str, *, limits: Limits, clock_ms: Callable[[], int],

@@ -37,6 +37,7 @@ from runtime.task_store import (
     decode_cursor,
     encode_cursor,
     orphan_error,
+    unavailable_error,
 )
 
 T = TypeVar("T")
@@ -120,7 +121,8 @@ class SqliteTaskStore:
         self._clock_ms = clock_ms
         self._conn: sqlite3.Connection | None = None
         self._thread: BatchThread[_Job] = BatchThread(
-            f"task-store-sqlite:{os.path.basename(path)}", self._run_batch, on_close=self._close)
+            f"task-store-sqlite:{os.path.basename(path)}", self._run_batch, on_close=self._close,
+            translate=unavailable_error(path, (sqlite3.Error, OSError)))
 
     @classmethod
     async def open(cls, path: str, *, limits: Limits, clock_ms: Callable[[], int]) -> SqliteTaskStore:

@@ -438,6 +438,13 @@ class TaskManager:
                 return self.core.task_reply(req, task_shapes.ACK)  # idempotent in 2026-07-28
             raise InvalidParams(f"Invalid params: task {record.task_id} is already {record.status}")
         run = self.running.get(record.task_id)
+        if run is None:
+            # Run by another daemon: tell it first (a finished task's mailbox takes nothing, and the
+            # transition below empties it), so that it stops the worker.
+            try:
+                await self.store.post(record.task_id, b'{"cancel":true}')
+            except TaskStoreError:
+                pass  # the status below still says cancelled; its result will be refused
         updated = await self.store.transition(record.task_id, status="cancelled", now_ms=wall_clock_ms(),
                                               status_message="cancelled by the client", input_requests=None)
         if run is not None:
@@ -446,11 +453,6 @@ class TaskManager:
                 run.record = updated
                 self.stats["cancelled"] += 1
                 self._notify(updated, run)
-        elif updated is not None:
-            try:
-                await self.store.post(record.task_id, b'{"cancel":true}')
-            except TaskStoreError:
-                pass  # the owner sees the terminal status when it finishes
         if req.modern:
             return self.core.task_reply(req, task_shapes.ACK)
         final = updated or await self._get(req, principal)

@@ -30,6 +30,7 @@ class RedisServer:
     """A redis-server child on a unix socket in a temporary folder (no TCP port, no persistence)."""
 
     def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
         self.socket = folder / "redis.sock"
         self.log = folder / "redis.log"
         self.proc = subprocess.Popen(

@@ -1,0 +1,129 @@
+"""The daemon's store upkeep on trio's virtual clock: it heartbeats, fails what a dead daemon left
+running (at start-up and later), and deletes expired tasks; a broken store never stops it."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+import trio.testing
+from store_harness import OpenStore, record
+
+from runtime import logs
+from runtime.task_store import Limits, TaskRecord, TaskStore, wall_clock_ms
+from runtime.task_store_open import serve_task_store_upkeep
+
+
+class CountingStore:
+    """A store that counts the upkeep's heartbeats, one per pass, and gives up waiting after a number."""
+
+    def __init__(self, store: TaskStore, max_beats: int) -> None:
+        self.store = store
+        self.max_beats = max_beats
+        self.beats = 0
+        self.gave_up = trio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def heartbeat(self, owner: str, now_ms: int) -> None:
+        self.beats += 1
+        if self.beats > self.max_beats:
+            self.gave_up.set()
+        await self.store.heartbeat(owner, now_ms)
+
+    async def until(self, event: trio.Event) -> None:
+        """Wait for ``event``; fail if the upkeep ran ``max_beats`` passes without it."""
+        async with trio.open_nursery() as nursery:
+            async def watch(e: trio.Event) -> None:
+                await e.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch, event)
+            nursery.start_soon(watch, self.gave_up)
+        assert event.is_set(), f"not seen in {self.beats} passes of the upkeep"
+
+
+async def test_upkeep_fails_orphans_at_start_and_later_and_expires_old_tasks(
+        open_store: OpenStore, autojump_clock: trio.testing.MockClock) -> None:
+    # The store works on a thread, and trio's autojump clock jumps to the next deadline whenever
+    # every task waits, a call out on that thread included: a fail_after here would fire while the
+    # upkeep is mid-pass. So the test sets no deadline of its own: it waits for what the upkeep
+    # reports, bounded by a count of the upkeep's passes, and reads when things happened from the
+    # records instead of expecting a pass at a given instant.
+    base, start = wall_clock_ms(), trio.current_time()
+
+    def clock_ms() -> int:
+        return base + round((trio.current_time() - start) * 1000)
+
+    store = await open_store(clock_ms=clock_ms, limits=Limits(orphan_after_ms=20_000))
+    me, crashed, quiet = "this-host:100:me", "this-host:200:crashed", "other-host:300:quiet"
+    left_running = record(created_at_ms=base, owner=crashed)
+    mine = record(created_at_ms=base, owner=me, ttl_ms=100_000)
+    theirs = record(created_at_ms=base, owner=quiet)
+    for rec in (left_running, mine, theirs):
+        await store.create(rec, 10)
+    verdicts = {me: True, crashed: False}  # "quiet" is left to its heartbeat
+    orphans_failed, expired = [trio.Event(), trio.Event()], trio.Event()
+    tally = {"task_orphans_failed": 0, "tasks_expired": 0}
+
+    def sink(entry: dict[str, object]) -> None:
+        event = str(entry["event"])
+        if event in tally:
+            tally[event] += int(str(entry["tasks"]))
+        if tally["task_orphans_failed"] >= 1:
+            orphans_failed[0].set()
+        if tally["task_orphans_failed"] >= 2:
+            orphans_failed[1].set()
+        if tally["tasks_expired"] >= 3:
+            expired.set()
+
+    logs.add_sink(sink)
+    counted = CountingStore(store, max_beats=100)  # 100 passes: 500 virtual seconds
+
+    async def get(rec: TaskRecord) -> TaskRecord:
+        got = await store.get(rec.task_id, "alice")
+        assert got is not None
+        return got
+
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: serve_task_store_upkeep(
+                counted, me, heartbeat_s=5, expire_every_s=60, owner_alive=verdicts.get, clock_ms=clock_ms,
+                task_status=task_status))
+            failed = await get(left_running)  # by the first pass, before start() returned
+            assert failed.status == "failed" and failed.error is not None
+            assert "noticed at " in json.loads(failed.error)["message"]
+            assert (await get(theirs)).status == "working"
+            assert orphans_failed[0].is_set() and not orphans_failed[1].is_set()
+            await counted.until(orphans_failed[1])
+            late = await get(theirs)
+            assert late.status == "failed" and late.updated_at_ms - base > 20_000  # failed only after 20 s without a heartbeat
+            assert (await get(mine)).status == "working"  # its owner's own heartbeats keep it
+            await counted.until(expired)  # every ttl ends by 100 s; a pass every 60 s deletes them
+            nursery.cancel_scope.cancel()
+    finally:
+        logs.remove_sink(sink)
+    assert await store.expire(clock_ms() + 10**9) == 0  # deleted, not only hidden
+
+
+async def test_upkeep_outlives_a_store_that_fails(autojump_clock: trio.testing.MockClock) -> None:
+    seen: list[dict[str, object]] = []
+    logs.add_sink(seen.append)
+
+    class Broken:
+        def __getattr__(self, name: str) -> object:
+            async def fail(*args: object, **kwargs: object) -> None:
+                raise ConnectionError("the store is away")
+            return fail
+
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: serve_task_store_upkeep(
+                Broken(), "me", heartbeat_s=1, task_status=task_status))  # type: ignore[arg-type]
+            await trio.sleep(3.5)
+            nursery.cancel_scope.cancel()
+    finally:
+        logs.remove_sink(seen.append)
+    failures = [r for r in seen if r["event"] == "task_store_upkeep_failed"]
+    assert len(failures) == 4 and "the store is away" in str(failures[0]["error"])
