@@ -46,7 +46,6 @@ from runtime.task_store import (
     TaskCapReached,
     TaskRecord,
     TaskStore,
-    TaskStoreError,
     local_owner_verdict,
     new_owner_id,
     new_task_id,
@@ -62,6 +61,8 @@ _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder()
 #: How often the mailboxes of local tasks are read (cancels and answers from other daemons).
 MAILBOX_POLL_S = 0.1
+#: How long a daemon that took a cancel for another daemon's task waits for that daemon to record it.
+CANCEL_WAIT_S = 2.0
 
 
 class TaskConversation(Protocol):
@@ -438,16 +439,22 @@ class TaskManager:
                 return self.core.task_reply(req, task_shapes.ACK)  # idempotent in 2026-07-28
             raise InvalidParams(f"Invalid params: task {record.task_id} is already {record.status}")
         run = self.running.get(record.task_id)
+        updated: TaskRecord | None
         if run is None:
-            # Run by another daemon: tell it first (a finished task's mailbox takes nothing, and the
-            # transition below empties it), so that it stops the worker.
-            try:
-                await self.store.post(record.task_id, b'{"cancel":true}')
-            except TaskStoreError:
-                pass  # the status below still says cancelled; its result will be refused
-        updated = await self.store.transition(record.task_id, status="cancelled", now_ms=wall_clock_ms(),
-                                              status_message="cancelled by the client", input_requests=None)
-        if run is not None:
+            # Run by another daemon: it stops the worker and records the cancel when it reads the
+            # task's mailbox (every MAILBOX_POLL_S); we wait a little for that, then record it
+            # ourselves (an owner that does not answer is stopped anyway: orphans are failed).
+            delivered = await self.store.post(record.task_id, b'{"cancel":true}')
+            deadline = trio.current_time() + CANCEL_WAIT_S
+            while delivered and trio.current_time() < deadline and not record.terminal:
+                await trio.sleep(MAILBOX_POLL_S / 2)
+                record = await self._get(req, principal)
+            updated = record if record.terminal else await self.store.transition(
+                record.task_id, status="cancelled", now_ms=wall_clock_ms(), status_message="cancelled by the client",
+                input_requests=None)
+        else:
+            updated = await self.store.transition(record.task_id, status="cancelled", now_ms=wall_clock_ms(),
+                                                  status_message="cancelled by the client", input_requests=None)
             run.stop()
             if updated is not None:
                 run.record = updated
@@ -547,7 +554,10 @@ class TaskManager:
                 if not isinstance(note, dict):
                     continue
                 if note.get("cancel"):
+                    # Another daemon took the client's cancel: stop the call, then record it.
                     run.stop()
+                    await self.transition(run, "cancelled", status_message="cancelled by the client",
+                                          input_requests=None)
                 elif isinstance(note.get("update"), dict):
                     try:
                         answers = _checked_answers(run.open, note["update"])
