@@ -84,6 +84,9 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
         nursery.start_soon(writer.run)
         read_scope = trio.CancelScope()
         drain_scope = trio.CancelScope()
+        #: Answers that wait on the task store (a blocking tasks/result may wait for a long task): the
+        #: client is gone once its input ends, so they get a moment, then stop.
+        deferred_scope = _Deferreds()
         async with trio.open_nursery() as calls:
             session = Connection(daemon, push=writer.emit)
             sink = LineSink(writer.emit)
@@ -99,17 +102,23 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
                             chunk = b""
                         if not chunk:
                             break
-                        _deliver(session, sink, calls, lines.feed(chunk), max_line)
-                    _deliver(session, sink, calls, lines.end(), max_line)
+                        _deliver(session, sink, calls, lines.feed(chunk), max_line, deferred_scope)
+                    _deliver(session, sink, calls, lines.end(), max_line, deferred_scope)
                     session.stop_asking("the client closed its input; it cannot answer")
                     await session.wait_idle()
             finally:
                 drain_scope.cancel()
                 session.close()
+                deferred_scope.end_after(DEFERRED_GRACE_S)
         writer.close()  # the writer drains what is queued (even a send in progress) and returns
 
 
-def _deliver(session: Connection, sink: LineSink, nursery: trio.Nursery, items: list[Item], max_line: int) -> None:
+#: What answers still waiting on the task store get after the client's input ended.
+DEFERRED_GRACE_S = 1.0
+
+
+def _deliver(session: Connection, sink: LineSink, nursery: trio.Nursery, items: list[Item], max_line: int,
+             deferred_scope: _Deferreds) -> None:
     for item in items:
         if item is TOO_LONG:
             sink.emit(session.core.too_large(session.state, max_line))
@@ -122,7 +131,7 @@ def _deliver(session: Connection, sink: LineSink, nursery: trio.Nursery, items: 
         elif type(outcome) is BatchStarted:
             nursery.start_soon(_answer_batch, session, sink, outcome.batch)
         elif type(outcome) is Deferred:
-            nursery.start_soon(_answer_deferred, sink, outcome)
+            nursery.start_soon(_answer_deferred, sink, outcome, deferred_scope)
 
 
 async def _answer_batch(session: Connection, sink: LineSink, batch: Batch) -> None:
@@ -131,7 +140,25 @@ async def _answer_batch(session: Connection, sink: LineSink, batch: Batch) -> No
         sink.emit(data)
 
 
-async def _answer_deferred(sink: LineSink, deferred: Deferred) -> None:
-    data, _code = await deferred.work()
-    if data is not None:
-        sink.emit(data)
+class _Deferreds:
+    """The cancel scopes of the answers waiting on the task store, to end them all at once."""
+
+    def __init__(self) -> None:
+        self.scopes: set[trio.CancelScope] = set()
+        self.deadline = float("inf")
+
+    def end_after(self, seconds: float) -> None:
+        self.deadline = trio.current_time() + seconds
+        for scope in self.scopes:
+            scope.deadline = self.deadline
+
+
+async def _answer_deferred(sink: LineSink, deferred: Deferred, deferreds: _Deferreds) -> None:
+    with trio.CancelScope(deadline=deferreds.deadline) as scope:
+        deferreds.scopes.add(scope)
+        try:
+            data, _code = await deferred.work()
+            if data is not None:
+                sink.emit(data)
+        finally:
+            deferreds.scopes.discard(scope)
