@@ -248,7 +248,7 @@ class Connection:
                     error = InvalidRequest("Invalid Request: this server keeps no tasks here")
                     return Answered(rpc.error_reply(action.id_bytes, error), error.code, action.modern, error)
                 tasks, request = self.tasks, action
-                return Deferred(lambda: tasks.handle(self, request), action.modern)
+                return Deferred(lambda: tasks.handle(self, request, sink), action.modern)
             case Cancel():
                 self.cancel(action.request_id)
                 return Answered(None)

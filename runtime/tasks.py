@@ -120,8 +120,8 @@ class TaskRun:
         #: The open round of questions: answers so far, the requests still open.
         self.partial: dict[str, wire.InputResponse] = {}
         self.open: list[wire.InputRequest] = []
-        #: 2025-11-25: connections waiting in ``tasks/result`` (they carry the questions).
-        self.result_waiters: list[TaskConversation] = []
+        #: 2025-11-25: requests waiting in ``tasks/result`` (their streams carry the questions).
+        self.result_waiters: list[tuple[TaskConversation, Sink]] = []
         #: 2025-11-25: where ``notifications/tasks/status`` go (the connection that created the task).
         self.status_push: Callable[[bytes], None] | None = None
 
@@ -153,26 +153,26 @@ class TaskRun:
         async with self.lock:
             self.partial, self.open = answered, still_open
             await self.manager.transition(self, "input_required", input_requests=_input_requests(still_open))
-        for conn in list(self.result_waiters):
-            self.relay(conn)
+        for conn, sink in list(self.result_waiters):
+            self.relay(conn, sink)
 
     def _answer(self, responses: list[wire.InputResponse]) -> None:
         running = self.running
         if running is not None:
             self.manager.calls.answer(running.call, running.handle, responses)
 
-    def relay(self, conn: TaskConversation) -> None:
-        """2025-11-25: ask the open questions through ``conn`` (which waits in ``tasks/result``)."""
-        if not self.open or conn.push is None:
+    def relay(self, conn: TaskConversation, sink: Sink) -> None:
+        """2025-11-25: ask the open questions on ``sink``, the stream of a ``tasks/result`` waiting on
+        ``conn`` (stdout; the POST's SSE stream)."""
+        if not self.open or not getattr(sink, "can_stream", True):
             return
-        requests = list(self.open)
         meta = {task_shapes.RELATED_TASK: {"taskId": self.task_id}}
 
         def deliver(responses: list[wire.InputResponse]) -> None:
-            answers = {r.key: r for r in responses}
+            answers = {r.key: r for r in responses if r.outcome == "result"}
             self.manager.nursery.start_soon(self.manager.guarded, self.take_answers(answers), self.task_id)
 
-        conn.ask_client(requests, self.call.version, self.call.client_caps, _PushSink(conn.push), deliver, meta)
+        conn.ask_client(list(self.open), self.call.version, self.call.client_caps, sink, deliver, meta)
 
     async def take_answers(self, given: dict[str, wire.InputResponse]) -> None:
         """Answers to the open round (from ``tasks/update`` or a relayed request); the call goes on
@@ -389,10 +389,11 @@ class TaskManager:
 
     # -- tasks/* requests ------------------------------------------------------------------------
 
-    async def handle(self, conn: TaskConversation, req: TaskRequest) -> tuple[bytes, int | None]:
-        """Answer one tasks/* request (bytes and the JSON-RPC error code, if it is an error)."""
+    async def handle(self, conn: TaskConversation, req: TaskRequest, sink: Sink) -> tuple[bytes, int | None]:
+        """Answer one tasks/* request (bytes and the JSON-RPC error code, if it is an error); ``sink``
+        is the request's own stream (a 2025-11-25 ``tasks/result`` asks the task's questions there)."""
         try:
-            return await self._handle(conn, req), None
+            return await self._handle(conn, req, sink), None
         except McpError as exc:
             return rpc.error_reply(req.id_bytes, exc), exc.code
         except Exception as exc:  # the store is down (or our bug): this request fails, nothing else
@@ -407,7 +408,7 @@ class TaskManager:
             raise InvalidParams(f"Invalid params: unknown task {req.task_id[:64]!r}")
         return record
 
-    async def _handle(self, conn: TaskConversation, req: TaskRequest) -> bytes:
+    async def _handle(self, conn: TaskConversation, req: TaskRequest, sink: Sink) -> bytes:
         principal = conn.principal or ""
         core = self.core
         match req.method:
@@ -429,7 +430,7 @@ class TaskManager:
             case "tasks/update":
                 return await self._update(req, principal)
             case "tasks/result":
-                return await self._result(conn, req, principal)
+                return await self._result(conn, req, principal, sink)
         raise InvalidParams(f"Invalid params: {req.method} is not served")
 
     async def _cancel(self, req: TaskRequest, principal: str) -> bytes:
@@ -476,21 +477,27 @@ class TaskManager:
                 await self.store.post(record.task_id, _enc.encode({"update": responses}))
         return self.core.task_reply(req, task_shapes.ACK)
 
-    async def _result(self, conn: TaskConversation, req: TaskRequest, principal: str) -> bytes:
-        """2025-11-25 ``tasks/result``: wait for the task to end; meanwhile its questions go through
-        this connection."""
+    async def _result(self, conn: TaskConversation, req: TaskRequest, principal: str, sink: Sink) -> bytes:
+        """2025-11-25 ``tasks/result``: wait for the task to end; meanwhile its questions are asked on
+        this request's own stream, whichever daemon runs the task."""
         record = await self._get(req, principal)
         run = self.running.get(record.task_id)
         if run is not None and not record.terminal:
-            run.result_waiters.append(conn)
+            waiter = (conn, sink)
+            run.result_waiters.append(waiter)
             try:
-                run.relay(conn)
+                run.relay(conn, sink)
                 await run.finished.wait()
             finally:
-                if conn in run.result_waiters:
-                    run.result_waiters.remove(conn)
+                if waiter in run.result_waiters:
+                    run.result_waiters.remove(waiter)
+            record = await self._get(req, principal)
+        relayed_at = -1
         while not record.terminal:  # run by another daemon: poll the store
-            await trio.sleep(max(0.05, (record.poll_interval_ms or 1000) / 1000))
+            if record.status == "input_required" and record.input_requests and record.updated_at_ms != relayed_at:
+                relayed_at = record.updated_at_ms
+                self._relay_remote(conn, sink, record)
+            await trio.sleep(max(0.05, min(1.0, (record.poll_interval_ms or 1000) / 1000)))
             record = await self._get(req, principal)
         record = await self._get(req, principal)
         if record.status == "cancelled":
@@ -503,6 +510,34 @@ class TaskManager:
         code = error.get("code")
         return rpc.error_response(req.id_bytes, code if type(code) is int else -32603, str(error.get("message", "")),
                                   error.get("data", msgspec.UNSET))
+
+    def _relay_remote(self, conn: TaskConversation, sink: Sink, record: TaskRecord) -> None:
+        """Ask another daemon's task's open questions on ``sink``; the answers go to its mailbox."""
+        if not getattr(sink, "can_stream", True) or record.input_requests is None:
+            return
+        try:
+            stored = _dec.decode(record.input_requests)
+            requests = [wire.InputRequest(key, item["method"], item["params"]) for key, item in stored.items()
+                        if isinstance(item, dict) and isinstance(item.get("params"), dict)
+                        and item.get("method") in wire.INPUT_METHODS]
+        except (msgspec.DecodeError, AttributeError, KeyError, TypeError, ValueError):
+            return
+        task_id = record.task_id
+        meta = {task_shapes.RELATED_TASK: {"taskId": task_id}}
+        version = eras.V2025_11_25
+
+        def deliver(responses: list[wire.InputResponse]) -> None:
+            answers = {r.key: r.result for r in responses if r.outcome == "result"}
+            if answers:
+                self.nursery.start_soon(self.guarded, self.store.post(task_id, _enc.encode({"update": answers})), task_id)
+
+        conn.ask_client(requests, version, self._caps_of(conn), sink, deliver, meta)
+
+    @staticmethod
+    def _caps_of(conn: TaskConversation) -> dict[str, Any] | None:
+        state = getattr(conn, "state", None)
+        caps = getattr(state, "client_capabilities", None)
+        return caps if isinstance(caps, dict) else None
 
     # -- the background work -----------------------------------------------------------------------
 

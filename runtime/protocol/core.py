@@ -524,7 +524,9 @@ class Core:
         return b'{"resultType":"complete",' + (inner + b"," if inner else b"") + self._modern_meta + b"}"
 
     def subscription_ack(self, listen: Listen) -> bytes:
-        notes = {"toolsListChanged": True} if listen.tools_list_changed else {}
+        notes: dict[str, Any] = {"toolsListChanged": True} if listen.tools_list_changed else {}
+        if listen.task_ids:
+            notes["taskIds"] = list(listen.task_ids)
         return rpc.notification("notifications/subscriptions/acknowledged",
                                 {"_meta": {eras.META_SUBSCRIPTION_ID: listen.request_id}, "notifications": notes})
 

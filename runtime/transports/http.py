@@ -36,7 +36,7 @@ from runtime.logs import log
 from runtime.protocol import eras
 from runtime.protocol import jsonrpc as rpc
 from runtime.connection import Answered, Connection, Deferred, Dispatched
-from runtime.protocol.core import Batch, ConnState, Listen, Reply, Request, ToolCall, requested_tool
+from runtime.protocol.core import Batch, ConnState, Listen, Reply, Request, TaskRequest, ToolCall, requested_tool
 from runtime.protocol.errors import (
     HeaderMismatch,
     HttpRefusal,
@@ -275,6 +275,40 @@ class HttpApp:
         status = status_of_code(done.error_code, modern) if done.error_code is not None else 200
         await r.body(status, done.data)
 
+    async def _streamed(self, r: Responder, done: Dispatched, box: CallBox) -> None:
+        """Send what a legacy request that waits on the task store came to, streaming what it emits
+        meanwhile (our requests to the client) as SSE before its answer."""
+        if type(done) is not Deferred:
+            return await self._answer(r, done, modern=False)
+        outcome: list[tuple[bytes | None, int | None]] = []
+
+        async def work() -> None:
+            outcome.append(await done.work())
+            box.wake()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work)
+            while True:
+                if box.pending:
+                    batch, box.pending = box.pending, []
+                    if not r.started:
+                        await r.start_sse()
+                    await r.events(batch)
+                    continue
+                if outcome:
+                    break
+                box.event = trio.Event()
+                if not (box.pending or outcome):
+                    await box.event.wait()
+                box.event = None
+        data, code = outcome[0]
+        if data is None:
+            return await (r.end() if r.started else r.body(202, b"", None))
+        if r.sse:
+            await r.events([data])
+            return await r.end()
+        return await r.body(status_of_code(code, modern=False) if code is not None else 200, data)
+
     # -- modern (2026-07-28) ---------------------------------------------------------------------
 
     async def _modern(self, r: Responder, headers: RequestHeaders, principal: Principal, req: Request,
@@ -349,6 +383,10 @@ class HttpApp:
             action = conn.run(conn.parse(env))
             if type(action) is ToolCall:
                 return await self._call(r, conn, action, can_sse, receive, session)
+            if type(action) is TaskRequest:
+                # A 2025-11-25 tasks/result may ask the task's questions on its own stream.
+                box = CallBox(stream=can_sse)
+                return await self._streamed(r, conn.dispatch(action, box), box)
             return await self._answer(r, conn.dispatch(action, _NOWHERE), modern=False)
         finally:
             session.busy -= 1
