@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-import pytest
 import redis
 import trio
 from store_harness import RedisServer
@@ -192,10 +191,6 @@ async def test_two_daemons_sharing_redis_serve_one_task_read_and_answered_throug
         assert failed["status"] == "failed" and "stopped before it finished" in failed["error"]["message"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a tasks/cancel on a daemon that does not run the task never reaches "
-                                       "the owner: TaskManager._cancel makes the task cancelled in the store first, "
-                                       "then posts {cancel} to its mailbox, which the store refuses for a terminal "
-                                       "task (runtime/tasks.py _cancel; task_store post), so the worker runs on")
 async def test_a_task_cancelled_through_the_other_daemon_has_its_worker_stopped(
         tmp_path: Path, redis_server: RedisServer, make_plugin: Callable[..., Path]) -> None:
     async with two_daemons(tmp_path, redis_server, make_plugin) as (a, b, client):
@@ -212,10 +207,6 @@ async def test_a_task_cancelled_through_the_other_daemon_has_its_worker_stopped(
         await wait_pids_gone([worker], within=10)  # A stops the worker that ran it
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a 2025-11-25 tasks/result on a daemon that does not run the task only "
-                                       "polls the store; the task's questions are relayed only to connections of "
-                                       "the owning daemon (runtime/tasks.py TaskManager._result / TaskRun.relay), so "
-                                       "a legacy client on B can never answer an input_required task")
 async def test_legacy_tasks_result_through_the_other_daemon_relays_the_tasks_question(
         tmp_path: Path, redis_server: RedisServer, make_plugin: Callable[..., Path]) -> None:
     async with two_daemons(tmp_path, redis_server, make_plugin) as (a, b, client), trio.open_nursery() as nursery:

@@ -214,7 +214,7 @@ async def test_legacy_stdio_cancel_stops_the_worker_and_cancelling_a_finished_ta
 # -- 2025-11-25 over HTTP -----------------------------------------------------------------------------------
 
 
-async def test_legacy_http_tasks_belong_to_their_principal_and_questions_come_on_the_session_stream(
+async def test_legacy_http_tasks_belong_to_their_principal_and_questions_come_on_the_tasks_result_stream(
         tmp_path: Path, make_plugin: Callable[..., Path]) -> None:
     config = write_config(tmp_path / "daemon", tokens=True)
     marker = tmp_path / "pid"
@@ -246,19 +246,18 @@ async def test_legacy_http_tasks_belong_to_their_principal_and_questions_come_on
             assert error_code(await bob.legacy(b_session, method, {"taskId": asking})) == -32602, method
         assert (await bob.legacy_wait(b_session, bobs, TERMINAL))["status"] == "completed"
 
-        # The question of alice's task comes on her session's GET stream while she waits in tasks/result.
+        # The question of alice's task comes on the stream of her tasks/result request (not on the GET
+        # stream, which carries only what relates to no request); its status notifications on the GET stream.
         await alice.legacy_wait(a_session, asking, {"input_required"})
-        outcome: list[dict[str, Any]] = []
-
-        async def wait_result() -> None:
-            outcome.append(await alice.legacy(a_session, "tasks/result", {"taskId": asking}))
-
-        nursery.start_soon(wait_result)
-        ask = await stream.wait_for(lambda m: m.get("method") == "elicitation/create")
+        waiting = SseStream()
+        request = json.dumps({"jsonrpc": "2.0", "id": 77, "method": "tasks/result", "params": {"taskId": asking}})
+        nursery.start_soon(lambda: waiting.run(client, "POST", daemon.url, headers=alice.legacy_headers(a_session),
+                                               content=request.encode()))
+        ask = await waiting.wait_for(lambda m: m.get("method") == "elicitation/create")
         assert ask["params"]["_meta"][RELATED] == {"taskId": asking}
         await alice.legacy_answer(a_session, ask["id"], {"action": "accept", "content": {"confirm": True}})
-        await until(_async_value(outcome), bool)
-        assert text_of(outcome[0]["result"]) == "Deleted a.txt" and _related(outcome[0]["result"], asking)
+        done = await waiting.wait_for(lambda m: m.get("id") == 77)
+        assert text_of(done["result"]) == "Deleted a.txt" and _related(done["result"], asking)
         await stream.wait_for(lambda m: m.get("method") == "notifications/tasks/status"
                               and m["params"]["taskId"] == asking and m["params"]["status"] == "completed")
 
@@ -525,8 +524,6 @@ async def test_modern_notifications_tasks_arrive_on_a_listen_stream_with_the_sub
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the subscriptions/listen acknowledgement leaves out notifications.taskIds "
-                                       "(runtime/protocol/core.py Core.subscription_ack)")
 async def test_modern_listen_acknowledgement_lists_the_task_ids_it_agreed_to(tmp_path: Path) -> None:
     config = write_config(tmp_path / "daemon", tokens=True)
     async with open_http_daemon(config, log=tmp_path / "daemon.log") as daemon, \
@@ -541,10 +538,6 @@ async def test_modern_listen_acknowledgement_lists_the_task_ids_it_agreed_to(tmp
         assert ack["params"]["notifications"].get("taskIds") == [task_id]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: tasks/result of a task this daemon runs keeps a stale record after the "
-                                       "run finishes and sleeps a whole pollInterval before reading it again "
-                                       "(runtime/tasks.py TaskManager._result); with a TTL shorter than that the "
-                                       "finished task has expired and reads as unknown")
 async def test_legacy_tasks_result_serves_a_result_that_ends_while_it_waits(tmp_path: Path) -> None:
     config = write_config(tmp_path / "daemon", tasks={"poll_interval_ms": 3000, "default_ttl_ms": 2000})
     async with open_stdio(config, log=tmp_path / "daemon.log") as peer:
@@ -557,10 +550,6 @@ async def test_legacy_tasks_result_serves_a_result_that_ends_while_it_waits(tmp_
         assert text_of(reply["result"]) == "computed result after 0.2 s"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a 2025-11-25 task's questions go to the legacy HTTP session's GET stream, "
-                                       "never on the stream of the tasks/result POST that is waiting for them "
-                                       "(runtime/tasks.py TaskRun.relay uses conn.push); a client without a GET "
-                                       "stream is never asked and its tasks/result hangs")
 async def test_legacy_http_tasks_result_carries_the_tasks_question_on_its_own_stream(tmp_path: Path) -> None:
     config = write_config(tmp_path / "daemon")
     async with open_http_daemon(config, log=tmp_path / "daemon.log") as daemon, \
