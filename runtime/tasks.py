@@ -474,7 +474,11 @@ class TaskManager:
             if run is not None:
                 await run.take_answers(_checked_answers(run.open, responses))
             else:
-                await self.store.post(record.task_id, _enc.encode({"update": responses}))
+                # Another daemon runs it: check the answers against the open questions it stored, so a
+                # malformed one is refused here too, then pass on what is for them.
+                checked = _checked_answers(_stored_requests(record.input_requests), responses)
+                if checked:
+                    await self.store.post(record.task_id, _enc.encode({"update": {k: r.result for k, r in checked.items()}}))
         return self.core.task_reply(req, task_shapes.ACK)
 
     async def _result(self, conn: TaskConversation, req: TaskRequest, principal: str, sink: Sink) -> bytes:
@@ -515,12 +519,8 @@ class TaskManager:
         """Ask another daemon's task's open questions on ``sink``; the answers go to its mailbox."""
         if not getattr(sink, "can_stream", True) or record.input_requests is None:
             return
-        try:
-            stored = _dec.decode(record.input_requests)
-            requests = [wire.InputRequest(key, item["method"], item["params"]) for key, item in stored.items()
-                        if isinstance(item, dict) and isinstance(item.get("params"), dict)
-                        and item.get("method") in wire.INPUT_METHODS]
-        except (msgspec.DecodeError, AttributeError, KeyError, TypeError, ValueError):
+        requests = _stored_requests(record.input_requests)
+        if not requests:
             return
         task_id = record.task_id
         meta = {task_shapes.RELATED_TASK: {"taskId": task_id}}
@@ -599,6 +599,17 @@ class TaskManager:
                     except InvalidParams:
                         continue
                     await run.take_answers(answers)
+
+
+def _stored_requests(stored: bytes | None) -> list[wire.InputRequest]:
+    """The open questions a task's record holds (``inputRequests`` as stored)."""
+    try:
+        items = _dec.decode(stored) if stored is not None else {}
+        return [wire.InputRequest(key, item["method"], item["params"]) for key, item in items.items()
+                if isinstance(item, dict) and isinstance(item.get("params"), dict)
+                and item.get("method") in wire.INPUT_METHODS]
+    except (msgspec.DecodeError, AttributeError, KeyError, TypeError, ValueError):
+        return []
 
 
 def _checked_answers(open_requests: list[wire.InputRequest], responses: dict[str, Any]) -> dict[str, wire.InputResponse]:
