@@ -1,0 +1,177 @@
+"""Source of the test plugins that ask their client (written into ``tmp_path`` by ``make_plugin``)."""
+
+from __future__ import annotations
+
+#: Tools that ask, one of each kind; every tool says what it heard in its text result.
+ASKER = r'''
+import os
+import time
+
+import msgspec
+
+from sandbox import current, tool
+from sandbox.asking import (CapabilityMissing, ClientRefused, Elicit, InputCancelled, InputTimeout, ListRoots,
+                            Sample)
+
+
+class Confirm(msgspec.Struct):
+    ok: bool
+    note: str = ""
+
+
+NAME_FORM = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+def _mark(marker):
+    if marker:
+        with open(marker, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+@tool
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    return text
+
+
+@tool
+def confirm(key: str = "") -> str:
+    """Ask for a confirmation with a Struct form; say what came back."""
+    try:
+        answer = current().elicit("Proceed?", Confirm, key=key)
+    except CapabilityMissing as exc:
+        return f"missing:{exc.capability}"
+    except InputTimeout:
+        return "timeout"
+    except InputCancelled:
+        return "cancelled"
+    except ClientRefused as exc:
+        return f"refused:{exc}"
+    if answer.accepted:
+        return f"accept:{type(answer.content).__name__}:{answer.content.ok}:{answer.content.note}"
+    return f"{answer.action}:{answer.content!r}"
+
+
+@tool
+def form(marker: str = "") -> str:
+    """Ask for a name with a JSON schema form."""
+    _mark(marker)
+    answer = current().elicit("What is your name?", NAME_FORM, key="name")
+    return f"{answer.action}:{answer.content!r}"
+
+
+@tool
+def sample(prompt: str) -> str:
+    """Ask the client's model."""
+    answer = current().sample(prompt, max_tokens=50, system_prompt="be brief")
+    return f"{answer.role}:{answer.model}:{answer.text}"
+
+
+@tool
+def roots() -> str:
+    """List the client's roots."""
+    return ";".join(f"{r.uri}|{r.name}" for r in current().roots())
+
+
+@tool
+def two_rounds(marker: str = "") -> str:
+    """A form, then the model, in two rounds; records each start (one pid a line) in ``marker``."""
+    _mark(marker)
+    ctx = current()
+    name = ctx.elicit("What is your name?", NAME_FORM, key="name")
+    who = (name.content or {}).get("name", "nobody") if name.accepted else "nobody"
+    greeting = ctx.sample(f"Greet {who}", max_tokens=20, key="greeting")
+    return f"pid={os.getpid()} who={who} greeting={greeting.text}"
+
+
+@tool
+def one_round(marker: str = "") -> str:
+    """A form, the model and the roots in one round."""
+    _mark(marker)
+    name, greeting, roots = current().ask(Elicit("Name?", NAME_FORM, key="name"), Sample("Hello", key="greeting"),
+                                          ListRoots(key="roots"))
+    who = (name.content or {}).get("name", "nobody") if name.accepted else name.action
+    return f"pid={os.getpid()} who={who} greeting={greeting.text} roots={len(roots)}"
+
+
+@tool
+def sample_or_say(prompt: str) -> str:
+    """Sample, or say which capability the client lacks."""
+    try:
+        return "sampled:" + current().sample(prompt, max_tokens=10).text
+    except CapabilityMissing as exc:
+        return f"missing:{exc.capability}:{exc}"
+
+
+@tool
+def must_sample() -> str:
+    """Sample without catching anything."""
+    return current().sample("hello", max_tokens=10, key="hello").text
+
+
+@tool
+def elicit_then_sample(marker: str = "") -> str:
+    """A form (elicitation) and then, whatever happened, the model (sampling)."""
+    _mark(marker)
+    ctx = current()
+    try:
+        name = ctx.elicit("Name?", NAME_FORM, key="name")
+        who = f"form:{name.action}"
+    except CapabilityMissing:
+        who = "form:missing"
+    greeting = ctx.sample("Hello", max_tokens=10, key="greeting")
+    return f"{who} greeting={greeting.text}"
+
+
+@tool
+def patient(before_s: float = 0.0, after_s: float = 0.0, key: str = "wait") -> str:
+    """Sleep, ask, sleep: the call's deadline must not run while it waits for the answer."""
+    time.sleep(before_s)
+    try:
+        answer = current().elicit("Still there?", NAME_FORM, key=key)
+    except InputTimeout as exc:
+        return f"timeout:{exc}"
+    except InputCancelled as exc:
+        return f"cancelled:{exc}"
+    time.sleep(after_s)
+    return f"{answer.action}:{answer.content!r}"
+
+
+@tool
+def ask_twice_same_key() -> str:
+    """Ask under key "again"; when that times out, ask again under the same key."""
+    ctx = current()
+    try:
+        first = ctx.elicit("First?", NAME_FORM, key="again")
+        return f"first:{first.action}"
+    except InputTimeout:
+        pass
+    second = ctx.elicit("Second?", NAME_FORM, key="again")
+    return f"second:{second.action}:{second.content!r}"
+
+
+@tool
+def ask_n(n: int) -> str:
+    """Ask ``n`` rounds of one question each (for limits.max_asks)."""
+    ctx = current()
+    seen = []
+    for i in range(n):
+        seen.append(ctx.elicit(f"Question {i}?", NAME_FORM, key=f"q{i}").action)
+    return ",".join(seen)
+
+
+@tool
+def url() -> str:
+    """URL-mode elicitation."""
+    try:
+        answer = current().elicit_url("https://example.com/login", "Log in, please", key="login")
+    except CapabilityMissing as exc:
+        return f"missing:{exc}"
+    return f"url:{answer.action}"
+
+
+@tool
+def pid() -> str:
+    """The worker's process id."""
+    return str(os.getpid())
+'''
