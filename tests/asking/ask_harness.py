@@ -26,7 +26,7 @@ class Served:
 
 
 @asynccontextmanager
-async def serve_http(plugins: Path, state_dir: Path, **config: Any) -> AsyncIterator[Served]:
+async def serve_http(plugins: Path | list[Path], state_dir: Path, **config: Any) -> AsyncIterator[Served]:
     """A daemon (real worker processes, policy none unless given) with an HTTP listener on 127.0.0.1,
     in this trio run. ``config``: fields of ``runtime.config.Config`` (state_key_file, max_parked_calls, ...)."""
     from runtime.config import Config
@@ -37,7 +37,8 @@ async def serve_http(plugins: Path, state_dir: Path, **config: Any) -> AsyncIter
     http = HttpConfig(**config.pop("http", {}))
     settings: dict[str, Any] = {"policy": "none", "min_workers": 1, "watch": False}
     settings.update(config)
-    cfg = Config(plugins=[str(plugins)], state_dir=str(state_dir), http=http, **settings)
+    folders = plugins if isinstance(plugins, list) else [plugins]
+    cfg = Config(plugins=[str(p) for p in folders], state_dir=str(state_dir), http=http, **settings)
     async with open_daemon(cfg) as daemon, trio.open_nursery() as nursery:
         shutdown = trio.Event()
         urls = await nursery.start(partial(listen_http, daemon, http, listen=("127.0.0.1", 0), shutdown=shutdown))
