@@ -125,7 +125,8 @@ def elicit_then_sample(marker: str = "") -> str:
 
 @tool
 def patient(before_s: float = 0.0, after_s: float = 0.0, key: str = "wait") -> str:
-    """Sleep, ask, sleep: the call's deadline must not run while it waits for the answer."""
+    """Say the pid (as progress), sleep, ask, sleep: the call's deadline must not run while it waits."""
+    current().progress(1, None, f"pid={os.getpid()}")
     time.sleep(before_s)
     try:
         answer = current().elicit("Still there?", NAME_FORM, key=key)
