@@ -176,3 +176,94 @@ def pid() -> str:
     """The worker's process id."""
     return str(os.getpid())
 '''
+
+#: A plugin that writes hand-made ``Ask`` frames straight onto its IPC channel (see
+#: tests/sandbox/hostile_plugin_source.py for the technique), and tools that ask too much.
+HOSTILE_ASK = r'''
+import os
+import stat
+import struct
+import time
+
+import msgspec
+
+from sandbox import current, tool
+from sandbox.asking import ListRoots
+
+NAME_FORM = {"type": "object", "properties": {"name": {"type": "string"}}}
+
+
+def _ipc_fd():
+    for fd in [3] + [int(n) for n in os.listdir("/proc/self/fd") if int(n) > 3]:
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                return fd
+        except OSError:
+            pass
+    raise RuntimeError("no IPC socket found")
+
+
+def _ask_frame(call_id, requests):
+    body = msgspec.msgpack.encode(["ask", call_id, requests])
+    return struct.pack(">I", len(body)) + body
+
+
+def _deep(depth):
+    value = "bottom"
+    for _ in range(depth):
+        value = {"d": value}
+    return value
+
+
+@tool
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    return text
+
+
+@tool
+def raw_ask(kind: str) -> str:
+    """Write a hand-made Ask frame (or two) for the running call, then wait to be stopped."""
+    call_id = current().call_id
+    form = ["k", "elicitation/create", {"mode": "form", "message": "hand-made", "requestedSchema": NAME_FORM}]
+    frames = {
+        "unknown_method": [_ask_frame(call_id, [["k", "tools/call", {"name": "x"}]])],
+        "duplicate_key": [_ask_frame(call_id, [form, form])],
+        "hundred": [_ask_frame(call_id, [[f"k{i}", "roots/list", {}] for i in range(100)])],
+        "deep_params": [_ask_frame(call_id, [["k", "sampling/createMessage", {"messages": _deep(300)}]])],
+        "bad_key": [_ask_frame(call_id, [["bad\x00key", "roots/list", {}]])],
+        "empty": [_ask_frame(call_id, [])],
+        "params_not_a_map": [_ask_frame(call_id, [["k", "roots/list", [1, 2]]])],
+        "not_running": [_ask_frame(call_id + 1000, [form])],
+        "second_while_pending": [_ask_frame(call_id, [form]), _ask_frame(call_id, [["k2", "roots/list", {}]])],
+    }[kind]
+    fd = _ipc_fd()
+    for frame in frames:
+        view = memoryview(frame)
+        while view:
+            view = view[os.write(fd, view):]
+    time.sleep(0.3)  # (the daemon reads the frames in order: it sees the Ask before this result anyway)
+    return "sent"
+
+
+@tool
+def ask_rounds(n: int) -> str:
+    """Ask ``n`` rounds of one question each."""
+    for i in range(n):
+        current().roots(key=f"r{i}")
+    return f"asked {n}"
+
+
+@tool
+def ask_at_once(n: int) -> str:
+    """Ask ``n`` questions in one round."""
+    current().ask(*[ListRoots(key=f"r{i}") for i in range(n)])
+    return f"asked {n} at once"
+
+
+@tool
+def wait_for_name() -> str:
+    """An honest tool that asks and waits (a bystander)."""
+    answer = current().elicit("Your name?", NAME_FORM, key="name")
+    return f"{answer.action}:{answer.content!r}"
+'''
