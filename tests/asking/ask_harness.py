@@ -48,6 +48,15 @@ async def serve_http(plugins: Path | list[Path], state_dir: Path, **config: Any)
             shutdown.set()
 
 
+async def poll_until(predicate: Any, within_s: float = 20.0) -> None:
+    """Wait (bounded) until ``predicate()`` holds, for state that has no event to wait on."""
+    with trio.fail_after(within_s):
+        while True:
+            if predicate():
+                return
+            await trio.sleep(0.02)
+
+
 def meta(caps: dict[str, Any] | None) -> dict[str, Any]:
     return {"io.modelcontextprotocol/protocolVersion": MODERN,
             "io.modelcontextprotocol/clientCapabilities": {} if caps is None else caps}

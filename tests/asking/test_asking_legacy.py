@@ -50,11 +50,11 @@ def server_requests(peer: StdioPeer, method: str | None = None) -> list[dict[str
     return [m for m in peer.messages if "method" in m and "id" in m and (method is None or m["method"] == method)]
 
 
-async def next_request(peer: StdioPeer, method: str, after: int = 0, timeout: float = WAIT_S) -> dict[str, Any]:
+async def next_request(peer: StdioPeer, method: str, after: int = 0, wait_s: float = WAIT_S) -> dict[str, Any]:
     """The first server->client request for ``method`` beyond the first ``after`` of them."""
     def found(_: Any) -> bool:
         return len(server_requests(peer, method)) > after
-    await peer.wait_for(found, timeout)
+    await peer.wait_for(found, wait_s)
     return server_requests(peer, method)[after]
 
 
@@ -97,11 +97,11 @@ async def test_a_question_times_out_at_ask_timeout_s_even_when_the_call_may_run_
     async with legacy_stdio(plugins, tmp_path) as peer:
         call = await peer.start_call("slow_patient", {})
         await next_request(peer, "elicitation/create")
-        with trio.move_on_after(6):
+        with trio.move_on_after(4):
             response = await peer.response(call)
             assert text_of(response).startswith("timeout:")
             return
-        raise AssertionError("the question did not time out within 6 s (its ask_timeout_s is 0.5 s)")
+        raise AssertionError("the question did not time out within 4 s (its ask_timeout_s is 0.5 s)")
 
 
 async def test_the_call_deadline_does_not_run_while_the_tool_waits_for_its_answer(plugins: Path, tmp_path: Path) -> None:
@@ -282,6 +282,7 @@ async def test_a_legacy_http_session_gets_the_question_on_the_calls_stream_and_a
             "protocolVersion": "2025-11-25", "capabilities": ALL, "clientInfo": {"name": "raw", "version": "0"}}}
         r = await client.post(srv.url, json=init, headers=legacy_headers(version=None))
         sid = r.headers["mcp-session-id"]
+        other = (await client.post(srv.url, json=init, headers=legacy_headers(version=None))).headers["mcp-session-id"]
         assert (await _post(client, srv.url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)).status_code \
             == 202
         call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "patient_confirm", "arguments": {}}}
@@ -296,6 +297,10 @@ async def test_a_legacy_http_session_gets_the_question_on_the_calls_stream_and_a
                     messages = sse_messages(seen)
                     asked = [m for m in messages if m.get("method") == "elicitation/create"]
                     if asked and not answered:
+                        # Another session cannot answer this session's question (taken, and ignored).
+                        forged = {"jsonrpc": "2.0", "id": asked[0]["id"],
+                                  "result": {"action": "accept", "content": {"ok": False, "note": "forged"}}}
+                        assert (await _post(client, srv.url, forged, other)).status_code == 202
                         reply = {"jsonrpc": "2.0", "id": asked[0]["id"],
                                  "result": {"action": "accept", "content": {"ok": True, "note": "http"}}}
                         assert (await _post(client, srv.url, reply, sid)).status_code == 202

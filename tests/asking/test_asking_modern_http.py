@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-from ask_harness import ALL_CAPS, HELLO, NAME, ROOTS, modern_http, result_text, serve_http, starts
+from ask_harness import ALL_CAPS, HELLO, NAME, ROOTS, modern_http, poll_until, result_text, serve_http, starts
 from ask_plugins import ASKER
 
 from runtime.protocol.request_state import Sealer, digest_arguments
@@ -176,6 +176,24 @@ async def test_with_no_room_to_park_every_retry_runs_the_tool_again(plugins: Pat
         assert srv.daemon.mrtr.stats["rerun"] == 2 and srv.daemon.mrtr.stats["resumed"] == 0
 
 
+async def test_a_plugin_holds_at_most_its_max_parked_calls_and_the_others_run_again(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    plugins = make_plugin("asker", ASKER, limits={**LIMITS, "max_parked": 1})
+    markers = [tmp_path / "first", tmp_path / "second"]
+    async with serve_http(plugins, tmp_path / "state", **config(tmp_path)) as srv, modern_http(srv.url) as c:
+        states = []
+        for marker in markers:
+            _, asked = await c.call("form", {"marker": str(marker)}, caps=ALL_CAPS)
+            states.append(input_required(asked)[1])
+        assert len(srv.daemon.mrtr.parking.parked) == 1  # the second call was stopped, not parked
+        for marker, state in zip(markers, states, strict=True):
+            status, done = await c.call("form", {"marker": str(marker)}, caps=ALL_CAPS, responses={"name": NAME},
+                                        state=state)
+            assert status == 200 and result_text(done) == "accept:{'name': 'Ann'}"
+        assert [len(starts(m)) for m in markers] == [1, 2]
+        assert srv.daemon.mrtr.stats["resumed"] == 1 and srv.daemon.mrtr.stats["rerun"] == 1
+
+
 async def test_a_parked_call_whose_question_expires_is_run_again_by_its_retry(
         make_plugin: Callable[..., Path], tmp_path: Path) -> None:
     plugins = make_plugin("asker", ASKER, limits={"timeout_s": 1, "ask_timeout_s": 0.5, "max_parked": 2})
@@ -184,9 +202,7 @@ async def test_a_parked_call_whose_question_expires_is_run_again_by_its_retry(
     async with serve_http(plugins, tmp_path / "state", **config(tmp_path)) as srv, modern_http(srv.url) as c:
         _, first = await c.call("form", args, caps=ALL_CAPS)
         _, state = input_required(first)
-        with trio.fail_after(20):
-            while srv.daemon.mrtr.parking.parked:  # its question times out in the tool; the call ends
-                await trio.sleep(0.05)
+        await poll_until(lambda: not srv.daemon.mrtr.parking.parked)  # its question times out in the tool
         status, done = await c.call("form", args, caps=ALL_CAPS, responses={"name": NAME}, state=state)
         assert status == 200 and result_text(done) == "accept:{'name': 'Ann'}"
         assert len(starts(marker)) == 2 and srv.daemon.mrtr.stats["rerun"] == 1
@@ -300,7 +316,7 @@ BIG = {"action": "accept", "content": {"name": "x" * 300_000}}
 async def test_answers_too_large_to_carry_in_the_state_are_refused_not_left_unanswered(
         plugins: Path, tmp_path: Path) -> None:
     async with serve_http(plugins, tmp_path / "state", **config(tmp_path)) as srv, modern_http(srv.url) as c:
-        with trio.move_on_after(5):
+        with trio.move_on_after(4):
             status, message = await c.call("two_rounds", caps=ALL_CAPS, responses={"name": BIG})
             assert status == 400 and message["error"]["code"] == -32602
             return
@@ -319,7 +335,5 @@ async def test_a_resumed_call_with_too_large_answers_is_refused_and_stopped(plug
         except (KeyError, ValueError) as exc:
             raise AssertionError(f"no JSON-RPC answer: {exc!r}") from None
         assert status == 400 and message["error"]["code"] == -32602
-        with trio.fail_after(10):
-            while srv.daemon.calls.inflight:
-                await trio.sleep(0.05)
+        await poll_until(lambda: not srv.daemon.calls.inflight, 10)
 

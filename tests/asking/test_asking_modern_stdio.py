@@ -23,8 +23,8 @@ def plugins(make_plugin: Callable[..., Path]) -> Path:
 
 
 @asynccontextmanager
-async def modern_stdio(plugins: Path, tmp_path: Path) -> AsyncIterator[StdioPeer]:
-    async with open_toolcell(plugins, stderr_path=tmp_path / "daemon.log") as peer:
+async def modern_stdio(plugins: Path, tmp_path: Path, policy: str = "none") -> AsyncIterator[StdioPeer]:
+    async with open_toolcell(plugins, policy=policy, stderr_path=tmp_path / "daemon.log") as peer:
         yield peer
 
 
@@ -44,10 +44,17 @@ def text(message: dict[str, Any]) -> str:
     return " ".join(c["text"] for c in result["content"] if c["type"] == "text")
 
 
-async def test_a_modern_stdio_client_answers_round_after_round_of_one_running_call(plugins: Path, tmp_path: Path) -> None:
-    marker = tmp_path / "starts"
+@pytest.mark.parametrize("isolation, policy", [("pooled", "none"), ("per_call", "strict")])
+async def test_a_modern_stdio_client_answers_round_after_round_of_one_running_call(
+        make_plugin: Callable[..., Path], tmp_path: Path, isolation: str, policy: str) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir(mode=0o777)
+    marks.chmod(0o777)
+    plugins = make_plugin("asker", ASKER, limits={"timeout_s": 20, "ask_timeout_s": 20},
+                          manifest={"isolation": isolation, "permissions": {"write": [str(marks)]}})
+    marker = marks / "starts"
     args = {"marker": str(marker)}
-    async with modern_stdio(plugins, tmp_path) as peer:
+    async with modern_stdio(plugins, tmp_path, policy) as peer:
         requests, state1 = input_required(await call(peer, "two_rounds", args, caps=ALL_CAPS))
         assert list(requests) == ["name"] and requests["name"]["method"] == "elicitation/create"
         requests, state2 = input_required(await call(peer, "two_rounds", args, caps=ALL_CAPS, responses={"name": NAME},

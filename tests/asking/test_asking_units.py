@@ -498,9 +498,9 @@ async def test_the_call_deadline_stops_while_it_waits_and_resumes_with_what_was_
         answer = await _next_frame(sock, buf)
         assert type(answer) is wire.Answer and answer.responses == [wire.InputResponse("k", "result", {"action": "decline"})]
         assert not pool.answer(slot, [])  # answered once; a second answer is not sent
+        slot.event = trio.Event()
         with trio.fail_after(5):
-            while not slot.finished:
-                await trio.sleep(0.01)
+            await slot.event.wait()
         nursery.cancel_scope.cancel()
     assert slot.error is not None and slot.error.kind == "timeout"
     assert trio.current_time() - answered_at == pytest.approx(0.25, abs=0.02)
