@@ -139,15 +139,18 @@ def patient(before_s: float = 0.0, after_s: float = 0.0, key: str = "wait") -> s
 
 
 @tool
-def ask_twice_same_key() -> str:
-    """Ask under key "again"; when that times out, ask again under the same key."""
+def ask_again(same_key: bool = False) -> str:
+    """Ask; when that times out, ask something else (under the same key, or a key of its own)."""
     ctx = current()
     try:
         first = ctx.elicit("First?", NAME_FORM, key="again")
         return f"first:{first.action}"
     except InputTimeout:
         pass
-    second = ctx.elicit("Second?", NAME_FORM, key="again")
+    try:
+        second = ctx.elicit("Second?", NAME_FORM, key="again" if same_key else "")
+    except ClientRefused as exc:
+        return f"second:refused:{exc}"
     return f"second:{second.action}:{second.content!r}"
 
 
