@@ -109,11 +109,12 @@ class CallDispatcher:
         call.entry.runner.withdraw(handle)
 
     def answer(self, call: ToolCall, handle: Any, responses: list[wire.InputResponse], missing: str = "error",
-               why: str = "the client gave no answer") -> bool:
-        """Give a running call that asked its client something the answers (see ``WorkerPool.answer``)."""
+               why: str = "the client gave no answer", to: wire.Ask | None = None) -> bool:
+        """Give a running call that asked its client something the answers (see ``WorkerPool.answer``;
+        ``to``: the round they answer)."""
         if handle is None or handle.finished:
             return False
-        answered: bool = call.entry.runner.answer(handle, responses, missing, why)
+        answered: bool = call.entry.runner.answer(handle, responses, missing, why, to)
         return answered
 
     def _finish(self, call: ToolCall, slot: Any, principal: str | None, started: float) -> Outcome:

@@ -219,7 +219,19 @@ class Connection:
     # -- the rules -----------------------------------------------------------------------------
 
     def dispatch(self, action: Action, sink: Sink) -> Dispatched:
-        """Apply the conversation's rules to one action; ``sink`` is where its messages go."""
+        """Apply the conversation's rules to one action; ``sink`` is where its messages go. Our bug
+        while doing so answers that request -32603 and nothing else."""
+        try:
+            return self._dispatch(action, sink)
+        except Exception as exc:  # our bug: this request fails, the connection and the daemon go on
+            reply = self._internal_error(exc)
+            request_id = getattr(action, "request_id", None)
+            data = reply.data
+            if rpc.valid_id(request_id):
+                data = rpc.error_reply(rpc.encode_id(request_id), InternalError())
+            return Answered(data, reply.error_code, getattr(action, "modern", False))
+
+    def _dispatch(self, action: Action, sink: Sink) -> Dispatched:
         if self.draining and type(action) in (ToolCall, Listen, Batch, TaskRequest):
             return Answered(self._refusal_while_draining(action))
         match action:
@@ -237,6 +249,9 @@ class Connection:
                     if now is None:
                         return Started(action)
                     answer, refused = now
+                    if refused is not None:  # tampered, expired or foreign state: audited like any refusal
+                        self.calls.record_refused_name(action.entry.name, "invalid_params", self.principal,
+                                                       self.daemon.catalog)
                     return Answered(answer, refused.code if refused is not None else None, True, refused)
                 if action.task_mode == "now" and self.tasks is not None:
                     tasks, call = self.tasks, action
@@ -363,11 +378,17 @@ class Connection:
             return
 
         def deliver(responses: list[wire.InputResponse]) -> None:
-            running.round = None
-            self.calls.answer(call, running.handle, responses)
+            if running.round is round_:
+                running.round = None
+            # Bound to this round: answers that come after it timed out cannot answer a later one.
+            self.calls.answer(call, running.handle, responses, to=ask)
 
-        running.round = self.ask_client(ask.requests, self.state.legacy_version or call.version, call.client_caps,
-                                        running.sink, deliver)
+        round_: QuestionRound | None = None
+        round_ = self.ask_client(ask.requests, self.state.legacy_version or call.version, call.client_caps,
+                                 running.sink, deliver)
+        old, running.round = running.round, round_
+        if old is not None:
+            self._forget_round(old)  # an earlier round (it timed out in the pool): its late answers go nowhere
 
     def ask_client(self, requests: list[wire.InputRequest], version: str, caps: dict[str, Any] | None, sink: Sink,
                    deliver: Callable[[list[wire.InputResponse]], None],
@@ -435,6 +456,9 @@ class Connection:
         if round_ is None:
             return
         running.round = None
+        self._forget_round(round_)
+
+    def _forget_round(self, round_: QuestionRound) -> None:
         round_.done = True
         for server_id in [k for k, v in self.outgoing.items() if v.round is round_]:
             del self.outgoing[server_id]

@@ -81,6 +81,10 @@ def load_state_key(path: str) -> bytes:
     return key
 
 
+class SealFailed(Exception):
+    """The answers so far cannot be sealed into a ``requestState``."""
+
+
 class Parking:
     """Calls waiting for their client's retry (a ``CallOwner`` while they wait)."""
 
@@ -90,17 +94,21 @@ class Parking:
         self.parked: dict[str, RunningCall] = {}
         self._per_plugin: dict[str, int] = {}
 
-    def park(self, running: RunningCall) -> str | None:
-        """Hold ``running`` for its retry; its park id, or None when there is no room."""
+    @staticmethod
+    def park_id() -> str:
+        """A new park id (unguessable: it rides in the client's state, sealed)."""
+        return secrets.token_urlsafe(12)
+
+    def park(self, running: RunningCall, park_id: str) -> bool:
+        """Hold ``running`` under ``park_id`` for its retry; False when there is no room."""
         entry = running.call.entry
         plugin = entry.plugin
         if len(self.parked) >= self.max_parked or self._per_plugin.get(plugin, 0) >= entry.runner.limits.max_parked:
-            return None
-        park_id = secrets.token_urlsafe(12)
+            return False
         self.parked[park_id] = running
         self._per_plugin[plugin] = self._per_plugin.get(plugin, 0) + 1
         running.owner = self
-        return park_id
+        return True
 
     def take(self, park_id: str) -> RunningCall | None:
         running = self.parked.pop(park_id, None)
@@ -167,22 +175,34 @@ class Mrtr:
             return
         running.partial = answered
         running.open = still_open
+        park_id = self.parking.park_id()
+        try:
+            sealed = self._seal(running, park_id)
+        except SealFailed as exc:
+            self._refuse(conn, running, f"Invalid params: {exc}")
+            return
         conn.release(running)
-        park_id = self.parking.park(running)
-        data = self.core.input_required(call, still_open, self._seal(running, park_id))
-        self.stats["input_required"] += 1
-        running.sink.done(data)
-        if park_id is None:
-            # No room to hold it: stop it now; the retry runs the tool again from the start.
+        if not self.parking.park(running, park_id):
+            # No room to hold it: stop it now; the retry runs the tool again from the start (the state
+            # names a park that is not there).
             self.calls.cancel(call, running.handle, running.principal)
+        self.stats["input_required"] += 1
+        running.sink.done(self.core.input_required(call, still_open, sealed))
 
-    def _seal(self, running: RunningCall, park_id: str | None) -> str:
+    def _seal(self, running: RunningCall, park_id: str) -> str:
+        """Our sealed state for ``running``'s open round; ``SealFailed`` when the answers so far cannot
+        travel in one (too big, or values msgpack cannot carry)."""
         call = running.call
         state = RequestState(
             principal=running.principal or "", tool=call.entry.name, arguments=digest_arguments(call.arguments),
             expires_ms=int(time.time() * 1000 + self.state_ttl_s * 1000), answers=dict(running.given or {}),
-            asked=[r.key for r in running.open or ()], daemon=self.instance if park_id else "", park=park_id or "")
-        return self.sealer.seal(state)
+            asked=[r.key for r in running.open or ()], daemon=self.instance, park=park_id)
+        try:
+            return self.sealer.seal(state)
+        except StateRejected as exc:
+            raise SealFailed(str(exc)) from None
+        except (OverflowError, TypeError, ValueError) as exc:
+            raise SealFailed(f"the answers given cannot be carried in a requestState ({type(exc).__name__})") from None
 
     def _refuse(self, conn: Conversation, running: RunningCall, message: str) -> None:
         """A malformed answer: the request gets -32602 and the call stops."""
@@ -238,12 +258,16 @@ class Mrtr:
         if missing:
             # Still not everything: ask again for what is missing; the call stays parked.
             running.partial, running.open = responses, missing
+            new_park = self.parking.park_id()
+            try:
+                sealed = self._seal(running, new_park)
+            except SealFailed as exc:
+                self._refuse(conn, running, f"Invalid params: {exc}")
+                return None
             conn.release(running)
-            new_park = self.parking.park(running)
-            data = self.core.input_required(running.call, missing, self._seal(running, new_park))
-            if new_park is None:
+            if not self.parking.park(running, new_park):
                 self.calls.cancel(running.call, running.handle, running.principal)
-            return data, None
+            return self.core.input_required(running.call, missing, sealed), None
         running.partial = running.open = None
         self.calls.answer(running.call, running.handle, responses)
         return None

@@ -748,17 +748,20 @@ class WorkerPool:
         slot.run_left_s = max(0.0, slot.deadline - now)
         slot.asking = msg
         slot.deadline = now + limits.ask_timeout_s
+        if slot.deadline < self._watch_at:
+            self._watch_wake.set()  # the watchdog sleeps until the nearest deadline: this one may be nearer
         if slot.on_event is None:
             self.answer(slot, [], "cancelled", "the call is being cancelled")
             return
         slot.on_event(msg)
 
     def answer(self, slot: Slot, responses: list[wire.InputResponse], missing: str = "error",
-               why: str = "the client gave no answer") -> bool:
+               why: str = "the client gave no answer", to: wire.Ask | None = None) -> bool:
         """Send the running call the answers to its questions (one per key it asked; a key without
-        one gets outcome ``missing``). False if it is not waiting on them any more."""
+        one gets outcome ``missing``). ``to``: the round they answer (answers to an earlier round,
+        which timed out, are dropped). False if it is not waiting on them any more."""
         ask = slot.asking
-        if ask is None or slot.finished:
+        if ask is None or slot.finished or (to is not None and to is not ask):
             return False
         given = {r.key: r for r in responses}
         ordered = [given.get(q.key) or wire.InputResponse(q.key, missing, message=why) for q in ask.requests]

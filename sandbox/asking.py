@@ -253,11 +253,13 @@ def from_wire(response: InputResponse, method: str, reader: Any) -> Any:
 class Asker:
     """A call's side of asking: numbers its requests, sends a round, reads the answers."""
 
-    __slots__ = ("_exchange", "_asked")
+    __slots__ = ("_exchange", "_asked", "_keys")
 
     def __init__(self, exchange: Callable[[list[InputRequest]], list[InputResponse]] | None) -> None:
         self._exchange = exchange
         self._asked = 0
+        #: Every key asked so far in this call: a key names one question for the call's whole life.
+        self._keys: set[str] = set()
 
     def ask(self, requests: list[Request]) -> list[Any]:
         """Send ``requests`` as one round; block until every one has an answer. Values in order;
@@ -272,11 +274,14 @@ class Asker:
                 raise TypeError(f"cannot ask for {type(request).__name__}; use Elicit, ElicitUrl, Sample or ListRoots")
             self._asked += 1
             key = request.key or f"{method_key}-{self._asked}"
-            if not (0 < len(key) <= 64 and key.isascii() and key.isprintable()) or any(f.key == key for f in frames):
-                raise ValueError(f"ask(): key {key[:80]!r} must be 1-64 printable ASCII characters, unique in the round")
+            if not (0 < len(key) <= 64 and key.isascii() and key.isprintable()):
+                raise ValueError(f"ask(): key {key[:80]!r} must be 1-64 printable ASCII characters")
+            if key in self._keys or any(f.key == key for f in frames):
+                raise ValueError(f"ask(): key {key!r} was already asked in this call; each question needs its own key")
             frame, reader = to_wire(request, key)
             frames.append(frame)
             readers.append(reader)
+        self._keys.update(f.key for f in frames)
         if self._exchange is None:
             raise CapabilityMissing("this call cannot ask its client anything", frames[0].key, frames[0].method)
         responses = {r.key: r for r in self._exchange(frames)}

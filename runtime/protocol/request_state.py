@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 from typing import Any
 
@@ -67,13 +68,20 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
+_B64URL = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def _unb64(text: str) -> bytes:
-    if not text or len(text) > MAX_STATE_BYTES or not text.isascii():
+    """Strict: only the exact text we would have written decodes (no padding, spaces, spare bits)."""
+    if not text or len(text) > MAX_STATE_BYTES or not _B64URL.fullmatch(text):
         raise StateRejected("requestState is malformed")
     try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except (ValueError, TypeError):
         raise StateRejected("requestState is malformed") from None
+    if _b64(data) != text:
+        raise StateRejected("requestState is malformed")
+    return data
 
 
 class Sealer:

@@ -151,6 +151,8 @@ def ask_again(same_key: bool = False) -> str:
         second = ctx.elicit("Second?", NAME_FORM, key="again" if same_key else "")
     except ClientRefused as exc:
         return f"second:refused:{exc}"
+    except ValueError as exc:  # a key names one question for the call's whole life
+        return f"second:not asked:{exc}"
     return f"second:{second.action}:{second.content!r}"
 
 

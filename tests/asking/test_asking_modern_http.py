@@ -262,10 +262,6 @@ async def test_tampered_expired_and_foreign_state_is_invalid_params(plugins: Pat
         assert len(starts(marker)) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a retry refused by Mrtr.retry (tampered/expired/foreign requestState) "
-                                       "is answered -32602 without reaching the call hooks, so the audit log and "
-                                       "metrics never see that tools/call (runtime/audit.py: every tools/call that "
-                                       "reaches the daemon gets exactly one line)")
 async def test_a_refused_retry_is_audited_like_any_refused_call(plugins: Path, tmp_path: Path) -> None:
     async with serve_http(plugins, tmp_path / "state", **config(tmp_path)) as srv, modern_http(srv.url) as c:
         events: list[dict[str, Any]] = []
@@ -328,10 +324,6 @@ UNSEALABLE = {
 
 
 @pytest.mark.parametrize("kind", list(UNSEALABLE))
-@pytest.mark.xfail(strict=True, reason="BUG: Mrtr.ask parks the call, then seals the next requestState outside any "
-                                       "error handling: StateRejected (over 256 KiB) or OverflowError (an integer "
-                                       "msgpack cannot carry) escapes into the pool's frame callback, the worker is "
-                                       "recycled as if it misbehaved, and the request is never answered")
 async def test_answers_that_cannot_be_sealed_are_refused_not_left_unanswered(
         plugins: Path, tmp_path: Path, kind: str) -> None:
     async with serve_http(plugins, tmp_path / "state", **config(tmp_path)) as srv, modern_http(srv.url) as c:
@@ -343,10 +335,6 @@ async def test_answers_that_cannot_be_sealed_are_refused_not_left_unanswered(
 
 
 @pytest.mark.parametrize("kind", list(UNSEALABLE))
-@pytest.mark.xfail(strict=True, reason="BUG: Mrtr.retry seals the state of a resumed call that still misses answers "
-                                       "outside any error handling: StateRejected/OverflowError escapes "
-                                       "Connection.dispatch (HTTP 500 without a JSON-RPC answer; the resumed call is "
-                                       "left running)")
 async def test_a_resumed_call_given_answers_that_cannot_be_sealed_is_refused_and_stopped(
         plugins: Path, tmp_path: Path, kind: str) -> None:
     async with serve_http(plugins, tmp_path / "state", **config(tmp_path)) as srv, modern_http(srv.url) as c:

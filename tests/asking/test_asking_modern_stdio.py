@@ -97,10 +97,6 @@ async def test_stdin_closing_with_a_parked_call_lets_the_daemon_exit(plugins: Pa
 
 
 @pytest.mark.parametrize("kind", list(UNSEALABLE))
-@pytest.mark.xfail(strict=True, reason="BUG: Mrtr.retry seals the state of a resumed call that still misses answers "
-                                       "outside any error handling; StateRejected (over 256 KiB) or OverflowError (an "
-                                       "integer over 64 bits) escapes Connection.dispatch and serve_stdio: one "
-                                       "message brings the whole stdio daemon down")
 async def test_a_retry_with_answers_that_cannot_be_sealed_does_not_bring_the_stdio_daemon_down(
         plugins: Path, tmp_path: Path, kind: str) -> None:
     async with modern_stdio(plugins, tmp_path) as peer:

@@ -83,10 +83,6 @@ def test_a_state_altered_at_any_character_is_rejected() -> None:
             sealer.open(altered, NOW)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: requestState texts other than the one issued are accepted when they "
-                                       "decode to the same bytes: _unb64 decodes leniently (characters outside "
-                                       "the alphabet and padding are skipped, the unused low bits of the last "
-                                       "character are ignored)")
 @pytest.mark.parametrize("alter", ["spare_bits", "padding", "junk", "spaces"])
 def test_a_state_text_other_than_the_issued_one_is_rejected(alter: str) -> None:
     sealer = Sealer(KEY)
@@ -319,9 +315,6 @@ def test_bad_or_duplicate_keys_in_a_round_are_refused_before_anything_is_sent(ke
     assert client.rounds == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a key may be used again in a later round of the same call, although "
-                                       "keys must be unique within the call (a 2026-07-28 retry answers the second "
-                                       "question with the first one's answer; a legacy late answer lands on it)")
 def test_a_key_used_in_an_earlier_round_of_the_call_is_refused() -> None:
     client = FakeClient(again={"action": "decline"})
     asker = asking.Asker(client)
@@ -465,8 +458,6 @@ def _ask(slot: Any) -> wire.Ask:
     return wire.Ask(slot.call.id, [wire.InputRequest("k", "elicitation/create", FORM)])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: WorkerPool._ask moves the slot's deadline to ask_timeout_s without "
-                                       "waking the watchdog, which sleeps until the call's old (run) deadline")
 async def test_a_question_times_out_after_ask_timeout_s_even_when_the_call_has_longer_to_run(
         tmp_path: Path, autojump_clock: trio.testing.MockClock, no_kills: list[int]) -> None:
     async with trio.open_nursery() as nursery:
