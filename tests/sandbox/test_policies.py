@@ -189,6 +189,8 @@ def test_the_whole_worker_tree_dies_with_the_daemon(plugin_dir: Path, require: A
     finally:
         daemon.kill()
         daemon.wait(timeout=5)
+        if daemon.stdout is not None:
+            daemon.stdout.close()
     assert wait_until(lambda: cgroups.members(worker_pid) == [])
     assert cgroups.cleanup(worker_pid)
 
