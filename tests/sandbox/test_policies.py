@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import select
 import subprocess
 import sys
@@ -126,13 +127,19 @@ def test_kill_all_reaches_every_process_of_a_worker(spawn: Callable[..., Worker]
 
 
 def test_plugin_dir_under_a_root_only_directory_is_reachable(
-    spawn: Callable[..., Worker], require: Any, tmp_path: Path
+    spawn: Callable[..., Worker], require: Any, tmp_path: Path, plugin_dir: Path
 ) -> None:
-    # pytest's tmp dirs live under /tmp/pytest-of-root (0700) and the interpreter under /root (0700):
-    # the worker uid reaches both only through the rebuilt mount view.
+    # The plugin lives under a root-only (0700) directory of its own, and the interpreter under /root
+    # (0700): the worker uid reaches both only through the rebuilt mount view. (Made here rather than
+    # relying on pytest's /tmp/pytest-of-root, whose mode other test runs on the machine may change.)
     require(*LAYERS)
-    assert (os.stat(tmp_path.parent.parent).st_mode & 0o077) == 0 or os.geteuid() != 0
-    w = spawn("strict")
+    root_only = tmp_path / "root-only"
+    root_only.mkdir(mode=0o700)
+    os.chmod(root_only, 0o700)
+    plugin = root_only / plugin_dir.name
+    shutil.copytree(plugin_dir, plugin)
+    assert (os.stat(root_only).st_mode & 0o077) == 0
+    w = spawn("strict", plugin=plugin)
     assert type(w.ready()).__name__ == "Ready"
 
 
