@@ -4,6 +4,8 @@ trio's virtual clock (a fake worker on a socketpair)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import base64
 import socket
 import stat
@@ -421,6 +423,17 @@ def no_kills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return killed
 
 
+#: The socketpairs of the fake workers, closed after each test (warnings are errors).
+_SOCKETS: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_fake_worker_sockets() -> Iterator[None]:
+    yield
+    while _SOCKETS:
+        _SOCKETS.pop().close()
+
+
 async def _pool_with_one_call(nursery: trio.Nursery, tmp_path: Path, limits: wire.Limits) -> tuple[Any, Any, Any]:
     """A pool whose one (fake) worker runs one call; returns (pool, slot, the worker's end of the socket)."""
     from runtime.manifest import Manifest
@@ -430,6 +443,7 @@ async def _pool_with_one_call(nursery: trio.Nursery, tmp_path: Path, limits: wir
     manifest = Manifest(name="fake", version="1", entry="fake", limits=limits)
     pool = WorkerPool(PoolSpec(manifest, str(tmp_path), "none", str(tmp_path)), nursery)
     ours, theirs = socket.socketpair()
+    _SOCKETS.extend((ours, theirs))
     ours.setblocking(False)
     worker = Worker(_Proc(), ours, str(tmp_path), 1 << 20)  # type: ignore[arg-type]
     pool.workers.add(worker)
