@@ -95,6 +95,7 @@ class Daemon:
                 plugin.entries = []
         if plugin.ok:
             self.plugins[str(plugin.path)] = plugin
+            plugin.on_change = self.publish  # a hosted server's list_changed
             log("plugin_loaded", plugin=plugin.name, tools=len(plugin.entries), layers=plugin.layers)
             return True
         self.failed.append(plugin)

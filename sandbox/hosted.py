@@ -23,9 +23,17 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+from typing import Any, Protocol
 
 from sandbox.isolation import hygiene, syscalls
 from sandbox.wire import Init, LoadFailed, Ready
+
+
+class _Channel(Protocol):
+    sock: socket.socket
+
+    def send(self, msg: Any) -> None: ...
 
 
 def _exec_child(argv: list[str], env: dict[str, str], report_fd: int, ipc_fd: int) -> None:
@@ -48,10 +56,10 @@ def _exec_child(argv: list[str], env: dict[str, str], report_fd: int, ipc_fd: in
         os._exit(127)
 
 
-def run(chan: object, init: Init, layers: list[str], missing: list[str]) -> None:
+def run(chan: _Channel, init: Init, layers: list[str], missing: list[str]) -> None:
     """Start the server and supervise it until it exits; then exit with its status. Never returns."""
-    sock = getattr(chan, "sock")
-    send = getattr(chan, "send")
+    sock = chan.sock
+    send = chan.send
     argv = list(init.command)
     env = dict(os.environ)
     report_r, report_w = os.pipe2(os.O_CLOEXEC)
