@@ -297,6 +297,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pid", type=int, help="reach only this daemon (default: every daemon using this state dir)")
     p.set_defaults(func=cmd_reload)
 
+    from runtime import imports
+
+    imports.register(sub, _add_common, _config)  # add, import, approve
+
     p = sub.add_parser("doctor", help="probe which isolation layers this machine supports")
     p.add_argument("--json", action="store_true", help="print the probe's report as JSON")
     p.set_defaults(func=cmd_doctor)
