@@ -253,7 +253,7 @@ class Instance:
         if isinstance(exc, trio.TooSlowError):
             return f"the server did not start within {self.runner.server.start_timeout_s:g} s" + self._tail()
         if isinstance(exc, WorkerFailure):
-            return exc.message + self._tail()
+            return exc.message.removesuffix("; it is being restarted") + self._tail()
         if isinstance(exc, ValueError):
             return f"the server's answer was unusable: {exc}"
         if isinstance(exc, OSError):
@@ -486,10 +486,21 @@ class Instance:
     def _handle_line(self, line: bytes) -> None:
         try:
             msg = _decode(line)
-            worker_frames.check_value(msg, "a message")
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, ValueError,
-                FrameRejected) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, ValueError) as exc:
             self._log_stray("hosted_server_garbage", line, why=str(exc)[:200])
+            return
+        try:
+            worker_frames.check_value(msg, "a message")
+        except FrameRejected as exc:
+            # Too deep, too big or not JSON-clean: the call it answers (if any) fails, nothing is relayed.
+            request_id = msg.get("id") if isinstance(msg, dict) and "method" not in msg else None
+            slot = self.pending.pop(request_id, None) if type(request_id) is int else None
+            if slot is not None:
+                self.progress_tokens.pop(request_id, None)
+                slot.error = WorkerFailure("garbage", f"the server sent a malformed result: {exc}")
+                self.runner.complete(slot)
+            else:
+                self._log_stray("hosted_server_garbage", line[:2000], why=str(exc)[:200])
             return
         if not isinstance(msg, dict):
             self._log_stray("hosted_server_garbage", line, why="not a JSON-RPC message")

@@ -7,7 +7,8 @@ and then, instead of importing a plugin, comes here:
 
 1. fork; the child drops the IPC fd and ``execve``s ``init.command`` with the environment as the
    isolation left it (the manifest's allowlist, plus the egress proxy variables when the plugin
-   holds a network grant). It inherits stdin and stdout, which are pipes to the daemon: the daemon
+   holds a network grant), in the plugin folder (read-only: relative paths in the command work as
+   they read; ``HOME`` is the private scratch dir). It inherits stdin and stdout, which are pipes to the daemon: the daemon
    speaks MCP to it over them as a client; its stderr is a third pipe, logged (capped) by the daemon.
    Landlock, seccomp, the namespaces, the cgroup and the rlimits carry over ``execve``.
 2. this process (pid 1 of the worker's pid namespace when namespaces are on) reports ``Ready`` --
@@ -36,7 +37,7 @@ class _Channel(Protocol):
     def send(self, msg: Any) -> None: ...
 
 
-def _exec_child(argv: list[str], env: dict[str, str], report_fd: int, ipc_fd: int) -> None:
+def _exec_child(argv: list[str], env: dict[str, str], report_fd: int, ipc_fd: int, cwd: str) -> None:
     """In the forked child: exec the server; on failure write why to ``report_fd``. Never returns."""
     try:
         os.close(ipc_fd)
@@ -46,6 +47,8 @@ def _exec_child(argv: list[str], env: dict[str, str], report_fd: int, ipc_fd: in
         syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
         for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        if cwd:
+            os.chdir(cwd)
         os.execve(argv[0], argv, env)
     except BaseException as exc:  # noqa: BLE001 (whatever failed, say so and leave)
         try:
@@ -66,7 +69,7 @@ def run(chan: _Channel, init: Init, layers: list[str], missing: list[str]) -> No
     pid = os.fork()
     if pid == 0:
         os.close(report_r)
-        _exec_child(argv, env, report_w, sock.fileno())
+        _exec_child(argv, env, report_w, sock.fileno(), init.plugin_dir)
     os.close(report_w)
     failure = b""
     while True:
