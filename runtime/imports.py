@@ -349,7 +349,7 @@ def _env_for(name: str, env: Any, inputs: dict[str, str], args: argparse.Namespa
             if not answer:
                 allow.append(var)  # left to the daemon's environment
             else:
-                fixed[var] = _INPUT.sub(lambda _m, a=answer: a, value)
+                fixed[var] = _INPUT.sub(answer.replace("\\", "\\\\"), value)
         else:
             fixed[var] = value
     return allow, fixed
