@@ -494,7 +494,7 @@ class Instance:
         except FrameRejected as exc:
             # Too deep, too big or not JSON-clean: the call it answers (if any) fails, nothing is relayed.
             request_id = msg.get("id") if isinstance(msg, dict) and "method" not in msg else None
-            slot = self.pending.pop(request_id, None) if isinstance(request_id, int) else None
+            slot = self.pending.pop(int(request_id), None) if isinstance(request_id, int) else None
             if slot is not None:
                 self.progress_tokens.pop(request_id, None)
                 slot.error = WorkerFailure("garbage", f"the server sent a malformed result: {exc}")
