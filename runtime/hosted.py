@@ -493,8 +493,9 @@ class Instance:
             worker_frames.check_value(msg, "a message")
         except FrameRejected as exc:
             # Too deep, too big or not JSON-clean: the call it answers (if any) fails, nothing is relayed.
-            request_id = msg.get("id") if isinstance(msg, dict) and "method" not in msg else None
-            slot = self.pending.pop(int(request_id), None) if isinstance(request_id, int) else None
+            raw_id = msg.get("id") if isinstance(msg, dict) and "method" not in msg else None
+            request_id = raw_id if isinstance(raw_id, int) else -1
+            slot = self.pending.pop(request_id, None)
             if slot is not None:
                 self.progress_tokens.pop(request_id, None)
                 slot.error = WorkerFailure("garbage", f"the server sent a malformed result: {exc}")
