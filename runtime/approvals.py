@@ -36,6 +36,8 @@ from runtime.manifest import Manifest
 from sandbox.wire import Limits
 
 FILE = "approvals.json"
+#: How a held plugin's problem starts (``runtime.plugins.awaiting_approval`` looks for it).
+HELD = "needs approval:"
 
 
 class ApprovalsError(Exception):
@@ -143,7 +145,7 @@ def check(manifest: Manifest, plugin_dir: Any, state_dir: str) -> str | None:
     more = exceeds(grants(manifest), record["grants"])
     if not more:
         return None
-    return (f"needs approval: asks for more than was approved ({'; '.join(more)}); "
+    return (f"{HELD} asks for more than was approved ({'; '.join(more)}); "
             f"run `toolcell approve {manifest.name}`")
 
 

@@ -19,7 +19,7 @@ import trio
 
 from runtime.config import Config
 from runtime.logs import log
-from runtime.plugins import Plugin, discover, load_plugin, resolve_conflicts
+from runtime.plugins import Plugin, awaiting_approval, discover, load_plugin, resolve_conflicts
 from runtime.calls import CallDispatcher
 from runtime.protocol.core import Core
 from runtime.protocol.catalog import Catalog
@@ -118,6 +118,9 @@ class Daemon:
         for path in paths:
             old = known.get(path)
             sig = stat_signature(path)
+            if old is not None and awaiting_approval(old):
+                changed[path] = (sig, fingerprint(path))  # held for approval: `toolcell approve` may have come
+                continue
             if old is not None and sig is not None and self._signatures.get(path) == sig:
                 continue
             print_ = fingerprint(path)

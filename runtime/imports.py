@@ -476,10 +476,11 @@ def register(sub: Any, common: Callable[..., None], config: Callable[..., Any]) 
     common(p)
     grants(p)
     p.add_argument("spec")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the server (after --)")
+    p.add_argument("--arg", action="append", dest="args", default=[], metavar="ARG",
+                   help="an argument for the server (repeatable; --arg=--flag for one starting with -)")
     p.add_argument("--name", help="plugin name (default: from the package)")
     p.add_argument("--env", action="append", metavar="VAR[=VALUE]", help="environment: passed from the daemon, or set")
-    p.set_defaults(func=lambda a: cmd_add(_strip_dashes(a), config(a)))
+    p.set_defaults(func=lambda a: cmd_add(a, config(a)))
 
     p = sub.add_parser("import", help="turn a client's MCP config (Claude Desktop, .mcp.json, VS Code) into plugins")
     common(p)
@@ -494,9 +495,3 @@ def register(sub: Any, common: Callable[..., None], config: Callable[..., Any]) 
     p.add_argument("name")
     p.add_argument("--yes", action="store_true", help="approve without asking")
     p.set_defaults(func=lambda a: cmd_approve(a, config(a)))
-
-
-def _strip_dashes(args: argparse.Namespace) -> argparse.Namespace:
-    if args.args and args.args[0] == "--":
-        args.args = args.args[1:]
-    return args

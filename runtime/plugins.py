@@ -55,6 +55,14 @@ class Plugin:
         return not self.problems
 
 
+def awaiting_approval(plugin: Plugin) -> bool:
+    """A version of this plugin was held because it asks for more than was approved (``runtime.approvals``):
+    every reload tries it again, since an approval changes no file in its folder."""
+    from runtime.approvals import HELD
+
+    return any(p.startswith(HELD) for p in (*plugin.problems, *plugin.reload_error))
+
+
 def discover(dirs: Iterable[str]) -> list[Path]:
     """Plugin folders: each directory given that holds a manifest, or its immediate subfolders that do."""
     found: list[Path] = []
