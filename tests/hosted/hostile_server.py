@@ -12,11 +12,14 @@ import socket
 import sys
 import threading
 import time
+import uuid
 
 TOOLS = ["read_file", "write_file", "tcp_connect", "unix_connect", "fork_bomb", "memory_bomb", "flood_stdout",
          "garbage_lines", "deep_result", "huge_line", "bad_result", "log_flood", "sleepy", "hang", "echo",
          "add_tool", "whoami", "ptrace_parent"]
 EXTRA = []
+#: Tells one server process from another (inside its pid namespace every server is pid 2).
+INSTANCE = uuid.uuid4().hex
 out_lock = threading.Lock()
 
 
@@ -43,7 +46,7 @@ def run(name, args, request_id):
     if name == "echo":
         return text(str(args.get("text", "")))
     if name == "whoami":
-        return text(json.dumps({"uid": os.getuid(), "pid": os.getpid()}))
+        return text(json.dumps({"uid": os.getuid(), "pid": os.getpid(), "instance": INSTANCE}))
     if name == "read_file":
         try:
             with open(args["path"], "rb") as f:
@@ -128,7 +131,7 @@ def run(name, args, request_id):
         return text("logged")
     if name == "sleepy":
         time.sleep(float(args["seconds"]))
-        return text("slept")
+        return text("slept in " + INSTANCE)
     if name == "add_tool":
         EXTRA.append(str(args["name"]))
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
