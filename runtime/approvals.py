@@ -6,7 +6,7 @@ written atomically). Only those commands write it; the daemon only reads it. No 
 no tool reaches it: a worker cannot write the state dir (Landlock, a read-only mount view, another
 uid), and nothing in the MCP conversation touches approvals.
 
-Every load of a plugin with a recorded approval -- at start and at every hot reload -- compares its
+Approvals are kept per plugin folder (its real path). Every load of a plugin with a recorded approval -- at start and at every hot reload -- compares its
 manifest with the record (``check``). A manifest that asks for more (a path outside the approved
 ones, a new network entry or environment variable, a higher limit, a different server package or
 command) is refused with the difference; on a hot reload the approved version keeps serving and the
@@ -104,8 +104,13 @@ def _path(state_dir: str) -> str:
     return os.path.join(state_dir, FILE)
 
 
+def key(plugin_dir: Any) -> str:
+    """Approvals are kept per plugin folder: the approval of one folder says nothing about another."""
+    return os.path.realpath(str(plugin_dir))
+
+
 def load(state_dir: str) -> dict[str, Any]:
-    """Every recorded approval by plugin name ({} when none). Raises ``ApprovalsError`` for a file
+    """Every recorded approval by plugin folder ({} when none). Raises ``ApprovalsError`` for a file
     that cannot be trusted."""
     path = _path(state_dir)
     try:
@@ -139,7 +144,7 @@ def check(manifest: Manifest, plugin_dir: Any, state_dir: str) -> str | None:
     except ApprovalsError as exc:
         log("approvals_untrusted", level="error", error=str(exc), note="every approval in it is ignored")
         return None
-    record = records.get(manifest.name)
+    record = records.get(key(plugin_dir))
     if record is None:
         return None
     more = exceeds(grants(manifest), record["grants"])
@@ -156,7 +161,7 @@ def record(state_dir: str, manifest: Manifest, plugin_dir: str, how: str) -> Non
         records = load(state_dir)
     except ApprovalsError as exc:
         raise ApprovalsError(f"{exc}; fix or remove it before approving") from None
-    records[manifest.name] = {"grants": grants(manifest), "path": str(plugin_dir), "version": manifest.version,
+    records[key(plugin_dir)] = {"grants": grants(manifest), "name": manifest.name, "version": manifest.version,
                               "how": how, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = _path(state_dir)
     tmp = f"{path}.{os.getpid()}.tmp"

@@ -446,7 +446,7 @@ def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
         return 2
     path, manifest = found[0]
     try:
-        record = approvals.load(cfg.state_dir).get(manifest.name)
+        record = approvals.load(cfg.state_dir).get(approvals.key(path))
     except approvals.ApprovalsError as exc:
         print(f"toolcell approve: {exc}", file=sys.stderr)
         return 2

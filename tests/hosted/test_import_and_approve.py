@@ -50,7 +50,7 @@ async def test_import_of_a_claude_desktop_config_with_three_servers_yields_three
     assert sorted(p.name for p in into.iterdir()) == ["everything", "filesystem", "time"]
     assert (into / "filesystem" / "package-lock.json").is_file() and (into / "time" / "requirements.lock").is_file()
     recorded = approvals.load(str(state_dir))
-    assert recorded["filesystem"]["grants"]["write"] == [str(shared)]
+    assert recorded[os.path.realpath(into / "filesystem")]["grants"]["write"] == [str(shared)]
     public(into)
     async with connect(into, config, tmp_path / "d.log") as client:
         names = {t.name for t in (await client.list_tools()).tools}
