@@ -140,8 +140,15 @@ def translate(entry: Any) -> tuple[dict[str, Any], list[str]]:
         if resolved is None:
             raise ImportProblem(f"{command!r} is not on PATH here")
         server = {"command": [os.path.abspath(resolved)], "args": list(args)}
-    paths = [a for a in server.get("args", []) if a.startswith("/") and os.path.isdir(a)]
+    server["args"] = [_expand(a) for a in server.get("args", [])]
+    paths = [a for a in server["args"] if a.startswith("/") and os.path.isdir(a)]
     return server, paths
+
+
+def _expand(arg: str) -> str:
+    """VS Code's predefined variables that name places (the import runs from the workspace)."""
+    return (arg.replace("${workspaceFolder}", os.getcwd()).replace("${userHome}", os.path.expanduser("~"))
+            .replace("${pathSeparator}", "/"))
 
 
 def _flag_value(args: list[str], flag: str) -> str:
@@ -396,7 +403,7 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
         into = _destination(args, cfg)
         if args.spec.startswith(("npm:", "pypi:")):
             pkg = parse_package(args.spec, pinned=False)
-            server = trio.run(pin, {"package": args.spec, "args": list(args.args)})
+            server = trio.run(pin, {"package": args.spec, "bin": args.bin or "", "args": list(args.args)})
             name = plugin_name(args.name or pkg.name)
             read, write, net = _grants_for(name, [a for a in args.args if a.startswith("/") and os.path.isdir(a)],
                                            args, asker)
@@ -479,6 +486,7 @@ def register(sub: Any, common: Callable[..., None], config: Callable[..., Any]) 
     p.add_argument("--arg", action="append", dest="args", default=[], metavar="ARG",
                    help="an argument for the server (repeatable; --arg=--flag for one starting with -)")
     p.add_argument("--name", help="plugin name (default: from the package)")
+    p.add_argument("--bin", help="which executable of the package runs the server (default: its only one)")
     p.add_argument("--env", action="append", metavar="VAR[=VALUE]", help="environment: passed from the daemon, or set")
     p.set_defaults(func=lambda a: cmd_add(a, config(a)))
 
