@@ -215,15 +215,17 @@ async def _uv_lock(requirements: list[str], dest: str, shipped_lock: str) -> str
     return lock
 
 
-async def python_requirements(requirements: list[str], state_dir: str, plugin_dir: str | None = None) -> Installed:
+async def python_requirements(requirements: list[str], state_dir: str, plugin_dir: str | None = None, *,
+                              source_builds: bool = False, policy: str = "strict") -> Installed:
     """The environment for a plugin's requirements (installed now if needed); its ``site`` goes on
-    the worker's ``sys.path``. Raises ``InstallError``."""
+    the worker's ``sys.path``. ``source_builds``: resolve and install inside a sandbox, where source
+    distributions may be built (``runtime.builds``). Raises ``InstallError``."""
     shipped = _read_lock(plugin_dir, PY_LOCK)
     normal = sorted({r.replace(" ", "") for r in requirements})
-    key = _key("py", *normal, shipped)
+    key = _key("py", *normal, shipped, "source-builds" if source_builds else "wheels")
     envs = envs_dir(state_dir)
     dest = os.path.join(envs, f"py-{key}")
-    site = os.path.join(dest, "site")
+    site = os.path.join(dest, "build", "site") if source_builds else os.path.join(dest, "site")
     if _ready(dest) is not None:
         return Installed(dest, site=site)
     async with _KeyLock(envs, key):
@@ -231,14 +233,24 @@ async def python_requirements(requirements: list[str], state_dir: str, plugin_di
             return Installed(dest, site=site)
         _fresh(dest)
         try:
-            lock = await _uv_lock(normal, dest, shipped)
-            await _run([uv_bin(), "pip", "install", "--quiet", "--no-config", "--only-binary", ":all:",
-                        "--require-hashes", "--link-mode", "copy", "--python", python_exe(), "--target", site,
-                        "-r", lock], dest, "installing the requirements")
+            if source_builds:
+                from runtime import builds
+
+                try:
+                    text = await builds.build_requirements(normal, dest, state_dir, policy, uv_bin(), python_exe(),
+                                                           shipped)
+                except builds.BuildError as exc:
+                    raise InstallError(f"building in the sandbox failed: {exc.reason}") from None
+                _write(os.path.join(dest, PY_LOCK), text)
+            else:
+                lock = await _uv_lock(normal, dest, shipped)
+                await _run([uv_bin(), "pip", "install", "--quiet", "--no-config", "--only-binary", ":all:",
+                            "--require-hashes", "--link-mode", "copy", "--python", python_exe(), "--target", site,
+                            "-r", lock], dest, "installing the requirements")
         except BaseException:
             shutil.rmtree(dest, ignore_errors=True)
             raise
-        _mark(dest, {"kind": "python", "requirements": normal, "python": python_exe()})
+        _mark(dest, {"kind": "python", "requirements": normal, "python": python_exe(), "source_builds": source_builds})
         log("environment_installed", kind="python", path=dest, requirements=normal)
     return Installed(dest, site=site)
 

@@ -69,6 +69,8 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kind: str = "plugin"
     #: Python requirements, installed into a per-plugin environment (``runtime.installer``).
     dependencies: list[str] = []
+    #: Dependencies that exist only as source may be built -- inside a sandbox (``runtime.builds``).
+    allow_source_builds: bool = False
     server: ServerSpec | None = None
     prefix: str = ""
     isolation: str = "pooled"

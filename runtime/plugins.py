@@ -95,7 +95,9 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
     extra_sys_path: tuple[str, ...] = ()
     if plugin.manifest.dependencies:
         try:
-            env = await installer.python_requirements(plugin.manifest.dependencies, state_dir, str(path))
+            env = await installer.python_requirements(plugin.manifest.dependencies, state_dir, str(path),
+                                                      source_builds=plugin.manifest.allow_source_builds,
+                                                      policy=policy)
         except installer.InstallError as exc:
             plugin.problems = [f"dependencies: {exc.reason}"]
             return plugin

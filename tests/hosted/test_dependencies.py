@@ -94,17 +94,35 @@ async def test_an_unsatisfiable_dependency_is_refused_with_the_installers_reason
     assert [t["name"] for t in listed["tools"]] == ["snoop"]
 
 
-def _evil_sdist(folder: Path, canary: Path) -> None:
-    """A source distribution whose build writes ``canary``: running it at all is the attack."""
-    setup = f"open({str(canary)!r}, 'w').write('built outside the sandbox')\nfrom setuptools import setup\n" \
-            "setup(name='toolcell-evil-sdist', version='1.0', py_modules=[])\n"
-    pkg_info = "Metadata-Version: 2.1\nName: toolcell-evil-sdist\nVersion: 1.0\n"
-    with tarfile.open(folder / "toolcell_evil_sdist-1.0.tar.gz", "w:gz") as tar:
-        for name, data in (("setup.py", setup), ("PKG-INFO", pkg_info)):
+def _sdist(folder: Path, name: str, files: dict[str, str]) -> None:
+    base = f"{name.replace('-', '_')}-1.0"
+    files = {**files, "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"}
+    with tarfile.open(folder / f"{base}.tar.gz", "w:gz") as tar:
+        for file_name, data in files.items():
             raw = data.encode()
-            info = tarfile.TarInfo(f"toolcell_evil_sdist-1.0/{name}")
+            info = tarfile.TarInfo(f"{base}/{file_name}")
             info.size = len(raw)
             tar.addfile(info, io.BytesIO(raw))
+
+
+def _evil_sdist(folder: Path, canary: Path) -> None:
+    """A source distribution whose build writes ``canary``: running it at all is the attack."""
+    _sdist(folder, "toolcell-evil-sdist", {
+        "setup.py": f"open({str(canary)!r}, 'w').write('built outside the sandbox')\nfrom setuptools import setup\n"
+                    "setup(name='toolcell-evil-sdist', version='1.0', py_modules=[])\n"})
+
+
+GOOD_PLUGIN = '''
+import toolcell_good
+
+from sandbox import tool
+
+
+@tool
+def answer() -> int:
+    """The answer, from a package built from source inside the sandbox."""
+    return toolcell_good.ANSWER
+'''
 
 
 async def test_a_source_only_dependency_is_refused_and_its_build_never_runs(
@@ -129,3 +147,36 @@ async def test_a_source_only_dependency_is_refused_and_its_build_never_runs(
                             "toolcell-evil-sdist==1.0"], check=False, capture_stdout=True, capture_stderr=True)
     assert canary.exists(), "the evil sdist cannot detect its own build"
     public(tmp_path)
+
+
+async def test_with_source_builds_allowed_the_build_runs_inside_the_sandbox(
+        make_plugin: Callable[..., Path], state_dir: Path, tmp_path: Path) -> None:
+    links = tmp_path / "links"
+    links.mkdir()
+    canary = tmp_path / "canary"
+    _evil_sdist(links, canary)
+    _sdist(links, "toolcell-good-sdist", {
+        "setup.py": "from setuptools import setup\nsetup(name='toolcell-good-sdist', version='1.0', "
+                    "py_modules=['toolcell_good'])\n",
+        "toolcell_good.py": "ANSWER = 42\n"})
+    # The build backend comes from the same local folder: the build runs offline (this machine's
+    # registry resolves to a reserved address, which the egress proxy refuses as it should).
+    fetched = await trio.run_process([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:",
+                                      "-d", str(links), "setuptools"], check=False, capture_stdout=True,
+                                     capture_stderr=True)
+    assert fetched.returncode == 0, fetched.stderr
+    public(links)
+    for p in links.iterdir():
+        p.chmod(0o644)
+    env = {"UV_FIND_LINKS": str(links), "UV_OFFLINE": "1"}
+    plugins = make_plugin("built", GOOD_PLUGIN, manifest={"dependencies": ["toolcell-good-sdist==1.0"],
+                                                         "allow_source_builds": True})
+    make_plugin("evilbuild", DEPS_PLUGIN, manifest={"dependencies": ["toolcell-evil-sdist==1.0"],
+                                                    "allow_source_builds": True})
+    config = write_config(tmp_path, state_dir)
+    code, out, err = await toolcell("call", "answer", "{}", "--plugins", str(plugins), "--config", str(config), env=env)
+    assert code == 0 and json.loads(out)["structuredContent"] == {"result": 42}, out + err
+    code, out, err = await toolcell("check", str(plugins / "evilbuild"), "--config", str(config), env=env)
+    assert code == 1 and "building in the sandbox failed" in out, out + err
+    assert ("Permission denied" in out or "PermissionError" in out) and str(canary) in out, out
+    assert not canary.exists(), "the sdist's build touched the host"
