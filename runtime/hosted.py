@@ -159,9 +159,8 @@ def _result(request_id: int, raw: Any) -> wire.Result:
     structured = raw.get("structuredContent") if has_structured else None
     if has_structured and not isinstance(structured, dict):
         raise ValueError("the result's structuredContent is not an object")
-    result = wire.Result(request_id, content, structured, has_structured, raw.get("isError") is True)
-    worker_frames.check_result(result)
-    return result
+    # Depth, size and JSON-cleanness were checked on the whole message (``Instance._handle_line``).
+    return wire.Result(request_id, content, structured, has_structured, raw.get("isError") is True)
 
 
 def _text(text: str, limit: int = 2000) -> str:
@@ -810,7 +809,7 @@ class HostedRunner:
     def new_slot(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                  on_event: Callable[[Any], None] | None, on_done: Callable[[Any], None] | None = None,
                  principal: str | None = None) -> HostedSlot:
-        _encode(arguments)  # raises for what JSON cannot carry, before anything is queued
+        # ``arguments`` came from JSON and go back to JSON: nothing to check here.
         return HostedSlot(tool, arguments, progress, log_level, on_event, on_done, principal)
 
     def submit(self, slot: HostedSlot) -> None:
