@@ -215,7 +215,7 @@ class Instance:
         env.setdefault("HOME", self.scratch)
         env.setdefault("TMPDIR", "/tmp")
         try:
-            self.proc, raw = await _spawn(env, self.scratch)
+            self.proc, raw = await spawn_piped(env, self.scratch)
         except OSError as exc:
             LIVE_WORKER_TOKENS.discard(self.token)
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -1079,7 +1079,7 @@ def _version() -> str:
     return str(__version__)
 
 
-async def _spawn(env: dict[str, str], cwd: str) -> tuple[trio.Process, socket.socket]:
+async def spawn_piped(env: dict[str, str], cwd: str) -> tuple[trio.Process, socket.socket]:
     """Start a worker interpreter with its IPC socket on fd 3 and stdin, stdout, stderr as three pipes
     (``processes.spawn_process`` merges stderr into stdout and closes stdin: a plugin's prints; here
     stdin and stdout are the server's MCP channel)."""
