@@ -73,7 +73,7 @@ def _prepare(argv: list[str], name: str, workdir: str, state_dir: str, policy: s
 async def run(argv: list[str], *, name: str, workdir: str, state_dir: str, policy: str, python: str) -> str:
     """Run ``argv`` (uv) in a sandbox that may write ``workdir`` and reach the package index only.
     Returns its output; raises ``BuildError`` with it when the command fails."""
-    from runtime.hosted import spawn_piped
+    from runtime.hosted_session import spawn_piped
     from runtime.policy import check_layers
 
     scratch, token, env, init = _prepare(argv, name, workdir, state_dir, policy, python)
