@@ -16,7 +16,9 @@ import uuid
 
 TOOLS = ["read_file", "write_file", "tcp_connect", "unix_connect", "fork_bomb", "memory_bomb", "flood_stdout",
          "garbage_lines", "deep_result", "huge_line", "bad_result", "log_flood", "sleepy", "hang", "echo",
-         "add_tool", "whoami", "ptrace_parent"]
+         "add_tool", "whoami", "ptrace_parent", "cancels"]
+#: ``requestId``s of the ``notifications/cancelled`` the client (toolcell) sent.
+CANCELLED = []
 EXTRA = []
 #: Tells one server process from another (inside its pid namespace every server is pid 2).
 INSTANCE = uuid.uuid4().hex
@@ -45,6 +47,8 @@ def tool(name):
 def run(name, args, request_id):
     if name == "echo":
         return text(str(args.get("text", "")))
+    if name == "cancels":
+        return text(json.dumps(CANCELLED))
     if name == "whoami":
         return text(json.dumps({"uid": os.getuid(), "pid": os.getpid(), "instance": INSTANCE}))
     if name == "read_file":
@@ -147,6 +151,8 @@ def handle(msg):
             "serverInfo": {"name": "hostile", "version": "1"}}})
     elif method == "tools/list":
         send({"jsonrpc": "2.0", "id": request_id, "result": {"tools": [tool(t) for t in TOOLS + EXTRA]}})
+    elif method == "notifications/cancelled":
+        CANCELLED.append(msg.get("params", {}).get("requestId"))
     elif method == "ping":
         send({"jsonrpc": "2.0", "id": request_id, "result": {}})
     elif method == "tools/call":

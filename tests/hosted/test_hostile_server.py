@@ -9,6 +9,7 @@ restart that server, and never the daemon: the daemon answers the next call.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -193,3 +194,21 @@ async def test_list_changed_from_the_server_reaches_the_client(
             await changed.wait()
         after = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
         assert "brand_new" in after
+
+
+async def test_a_client_cancellation_is_forwarded_to_the_server_which_serves_on(
+        hostile: Path, state_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "d.log"
+    async with connect(hostile, write_config(tmp_path, state_dir), log) as client:
+        with trio.move_on_after(1.5):
+            await client.call_tool("sleepy", {"seconds": 30})
+            raise AssertionError("the slow call returned")
+        with trio.fail_after(20):
+            while True:
+                cancels = json.loads(text(await client.call_tool("cancels", {})))
+                if cancels:
+                    break
+                await trio.sleep(0.1)
+        assert len(cancels) == 1 and isinstance(cancels[0], int)
+        assert text(await client.call_tool("echo", {"text": "same server"})) == "same server"
+    assert "hosted_server_exited" not in log.read_text()

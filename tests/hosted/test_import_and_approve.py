@@ -127,3 +127,19 @@ async def test_import_refuses_what_it_cannot_host_and_names_that_cannot_be_folde
     assert code == 1
     assert "is not an npm package name" in err and "container" in err and "remote" in err, err
     assert list(into.iterdir()) == []
+
+
+async def test_add_of_a_plugin_folder_copies_it_in_and_records_its_approval(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    source = make_plugin("notes", "from sandbox import tool\n\n@tool\ndef note() -> str:\n    return 'n'\n",
+                         root="src")
+    own_state = tmp_path / "state"
+    config = write_config(tmp_path, own_state)
+    into = tmp_path / "plugins"
+    code, out, err = await toolcell("add", str(source / "notes"), "--into", str(into), "--config", str(config))
+    assert code == 1 and not (into / "notes").exists(), out + err  # no terminal and no --yes: nothing added
+    code, out, err = await toolcell("add", str(source / "notes"), "--into", str(into), "--config", str(config),
+                                    "--yes")
+    assert code == 0, out + err
+    assert (into / "notes" / "notes.py").is_file()
+    assert approvals.load(str(own_state))[os.path.realpath(into / "notes")]["name"] == "notes"
