@@ -297,14 +297,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("plugin_dir")
     p.set_defaults(func=cmd_check)
 
+    from runtime import imports
+
+    imports.register(sub, _add_common, _config)  # add, import, approve
+
     p = sub.add_parser("reload", help="ask the running daemon(s) to reload their plugin folders (SIGHUP)")
     p.add_argument("--config", help="TOML config file (for its state_dir, where daemons keep their pidfiles)")
     p.add_argument("--pid", type=int, help="reach only this daemon (default: every daemon using this state dir)")
     p.set_defaults(func=cmd_reload)
-
-    from runtime import imports
-
-    imports.register(sub, _add_common, _config)  # add, import, approve
 
     p = sub.add_parser("doctor", help="probe which isolation layers this machine supports")
     p.add_argument("--json", action="store_true", help="print the probe's report as JSON")
