@@ -146,7 +146,6 @@ async def test_a_source_only_dependency_is_refused_and_its_build_never_runs(
                             "--no-build-isolation", "--python", sys.executable, "--target", str(target),
                             "toolcell-evil-sdist==1.0"], check=False, capture_stdout=True, capture_stderr=True)
     assert canary.exists(), "the evil sdist cannot detect its own build"
-    public(tmp_path)
 
 
 async def test_with_source_builds_allowed_the_build_runs_inside_the_sandbox(
