@@ -70,8 +70,12 @@ class CallDispatcher:
             self._refuse_busy(call, principal, started, on_outcome, "too many calls in flight")
             return None
         try:
-            slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None, call.log_level,
-                                 on_frame, done)
+            if getattr(pool, "per_principal", False):  # a hosted server with instances per principal
+                slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
+                                     call.log_level, on_frame, done, principal=principal)
+            else:
+                slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
+                                     call.log_level, on_frame, done)
         except (OverflowError, TypeError, ValueError) as exc:
             on_outcome(Refused(InvalidParams("Invalid params: arguments cannot be passed to a worker "
                                              f"({type(exc).__name__}: {str(exc)[:100]})")))

@@ -118,6 +118,11 @@ def _permissions(plugin: Any) -> str:
     return " ".join(parts)
 
 
+def _mode(plugin: Any) -> str:
+    """pooled / per_call, or "server" for a hosted MCP server (``runtime.hosted``)."""
+    return "server" if plugin.manifest.kind == "server" else str(plugin.manifest.isolation)
+
+
 def _limits(plugin: Any) -> str:
     if plugin.manifest is None:
         return "-"
@@ -138,7 +143,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         everyone = sorted(list(daemon.plugins.values()) + daemon.failed, key=lambda p: p.name)
         plugins_out = [{"name": p.name, "path": str(p.path), "status": "ok" if p.ok else "refused",
                         "version": p.manifest.version if p.manifest else None,
-                        "mode": p.manifest.isolation if p.manifest else None,
+                        "mode": _mode(p) if p.manifest else None,
                         "tools": len(p.entries), "limits": _limits(p), "permissions": _permissions(p),
                         "problems": list(p.problems), "conflicts": list(p.conflicts)} for p in everyone]
         print(json.dumps({"tools": tools, "plugins": plugins_out}, indent=2))
@@ -153,7 +158,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         if p.conflicts:
             status += f" ({len(p.conflicts)} conflicts)"
         version = p.manifest.version if p.manifest else "?"
-        prow.append([p.name, version, status, str(len(p.entries)), p.manifest.isolation if p.manifest else "-",
+        prow.append([p.name, version, status, str(len(p.entries)), _mode(p) if p.manifest else "-",
                      _limits(p), _permissions(p)])
     print(table(prow, ["PLUGIN", "VERSION", "STATUS", "TOOLS", "MODE", "LIMITS", "PERMISSIONS"]))
     for p in plugins:
@@ -302,6 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_common(p, plugins=False)
     p.add_argument("plugin_dir")
     p.set_defaults(func=cmd_check)
+
+    from runtime import imports
+
+    imports.register(sub, _add_common, _config)  # add, import, approve
 
     p = sub.add_parser("reload", help="ask the running daemon(s) to reload their plugin folders (SIGHUP)")
     p.add_argument("--config", help="TOML config file (for its state_dir, where daemons keep their pidfiles)")

@@ -19,7 +19,7 @@ import trio
 
 from runtime.config import Config
 from runtime.logs import log
-from runtime.plugins import Plugin, discover, load_plugin, resolve_conflicts
+from runtime.plugins import Plugin, awaiting_approval, discover, load_plugin, resolve_conflicts
 from runtime.calls import CallDispatcher
 from runtime.mrtr import Mrtr, load_state_key
 from runtime.task_store import TaskStore
@@ -105,6 +105,7 @@ class Daemon:
                 plugin.entries = []
         if plugin.ok:
             self.plugins[str(plugin.path)] = plugin
+            plugin.on_change = self.publish  # a hosted server's list_changed
             log("plugin_loaded", plugin=plugin.name, tools=len(plugin.entries), layers=plugin.layers)
             return True
         self.failed.append(plugin)
@@ -127,6 +128,9 @@ class Daemon:
         for path in paths:
             old = known.get(path)
             sig = stat_signature(path)
+            if old is not None and awaiting_approval(old):
+                changed[path] = (sig, fingerprint(path))  # held for approval: `toolcell approve` may have come
+                continue
             if old is not None and sig is not None and self._signatures.get(path) == sig:
                 continue
             print_ = fingerprint(path)

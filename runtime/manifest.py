@@ -45,6 +45,7 @@ from msgspec import Meta
 
 from runtime import declared_bounds
 from runtime.egress_rules import parse_entry
+from runtime.server_spec import ServerSpec, check_requirements, check_server
 from sandbox.wire import Limits, Permissions
 
 MANIFEST_NAME = "plugin.toml"
@@ -77,8 +78,16 @@ class ToolPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     version: str
-    entry: str
+    #: The plugin's module (required for kind "plugin"; a "server" has none).
+    entry: str = ""
     description: str = ""
+    #: "plugin" (code written for ``sandbox.api``) or "server" (an existing MCP server: ``runtime.hosted``).
+    kind: str = "plugin"
+    #: Python requirements, installed into a per-plugin environment (``runtime.installer``).
+    dependencies: list[str] = []
+    #: Dependencies that exist only as source may be built -- inside a sandbox (``runtime.builds``).
+    allow_source_builds: bool = False
+    server: ServerSpec | None = None
     prefix: str = ""
     isolation: Literal["pooled", "per_call"] = "pooled"
     limits: Limits = Limits()
@@ -102,7 +111,18 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
     problems: list[str] = []
     if not _PLUGIN_NAME.match(m.name):
         problems.append(f"name {m.name!r}: use 1-64 chars of lowercase letters, digits, '_', '.', '-'")
-    if not _ENTRY.match(m.entry):
+    if m.kind not in ("plugin", "server"):
+        problems.append(f"kind {m.kind!r}: must be 'plugin' or 'server'")
+    elif m.kind == "server":
+        problems.extend(check_server(m.server))
+        if m.entry or m.dependencies or m.isolation != "pooled":
+            problems.append("a server has no entry, dependencies or isolation (its package brings its own)")
+    elif m.server is not None:
+        problems.append("a [server] table needs kind = \"server\"")
+    problems.extend(check_requirements(m.dependencies))
+    if m.kind != "plugin":
+        pass
+    elif not _ENTRY.match(m.entry):
         problems.append(f"entry {m.entry!r} is not a module name")
     else:
         top = m.entry.split(".")[0]

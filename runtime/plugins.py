@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import msgspec
 import trio
@@ -21,6 +21,10 @@ from runtime.protocol.catalog import ToolEntry
 from runtime.protocol.schemas import check_tool
 from runtime.processes import PoolSpec
 from runtime.workers import PluginLoadError, WorkerPool
+from sandbox import wire
+
+if TYPE_CHECKING:
+    from runtime.hosted import HostedRunner
 
 
 @dataclass(eq=False)
@@ -29,7 +33,8 @@ class Plugin:
 
     path: Path
     manifest: Manifest | None = None
-    pool: WorkerPool | None = None
+    #: What runs its calls: a pool of workers, or a hosted server's instances.
+    pool: WorkerPool | HostedRunner | None = None
     entries: list[ToolEntry] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
@@ -38,6 +43,9 @@ class Plugin:
     fingerprint: str = ""
     #: Problems of a newer version on disk that failed to load; this version keeps serving.
     reload_error: list[str] = field(default_factory=list)
+    #: Set by the daemon once admitted: the plugin's tools changed while it served (a hosted server's
+    #: ``list_changed``).
+    on_change: Callable[[], Any] | None = None
 
     @property
     def name(self) -> str:
@@ -46,6 +54,14 @@ class Plugin:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def awaiting_approval(plugin: Plugin) -> bool:
+    """A version of this plugin was held because it asks for more than was approved (``runtime.approvals``):
+    every reload tries it again, since an approval changes no file in its folder."""
+    from runtime.approvals import HELD
+
+    return any(p.startswith(HELD) for p in (*plugin.problems, *plugin.reload_error))
 
 
 def discover(dirs: Iterable[str]) -> list[Path]:
@@ -71,7 +87,26 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
     except ManifestError as exc:
         plugin.problems = [f"{exc.path}: {p}" for p in exc.problems]
         return plugin
-    spec = PoolSpec(plugin.manifest, str(path), policy, state_dir, min_workers=min_workers, describe_only=describe_only)
+    from runtime import approvals, installer
+
+    held = approvals.check(plugin.manifest, path, state_dir)
+    if held:
+        plugin.problems = [held]
+        return plugin
+    extra_sys_path: tuple[str, ...] = ()
+    if plugin.manifest.dependencies:
+        try:
+            env = await installer.python_requirements(plugin.manifest.dependencies, state_dir, str(path),
+                                                      source_builds=plugin.manifest.allow_source_builds,
+                                                      policy=policy)
+        except installer.InstallError as exc:
+            plugin.problems = [f"dependencies: {exc.reason}"]
+            return plugin
+        extra_sys_path = (env.site,)
+    spec = PoolSpec(plugin.manifest, str(path), policy, state_dir, min_workers=min_workers, describe_only=describe_only,
+                    extra_sys_path=extra_sys_path)
+    if plugin.manifest.kind == "server":
+        return await _load_server(plugin, spec, nursery)
     pool = WorkerPool(spec, nursery)
     try:
         ready = await pool.start()
@@ -108,6 +143,61 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
         return plugin
     plugin.pool = pool
     return plugin
+
+
+async def _load_server(plugin: Plugin, spec: PoolSpec, nursery: trio.Nursery) -> Plugin:
+    """A hosted MCP server (``runtime.hosted``): install or resolve what it runs, start it, list its tools.
+
+    Unlike a plugin's, a third-party server's tool that fails the checks is left out (and logged)
+    rather than refusing the whole server."""
+    from runtime import hosted, installer, launch
+
+    try:
+        argv, reads = await launch.server_command(spec.manifest, spec.plugin_dir, spec.state_dir)
+    except installer.InstallError as exc:
+        plugin.problems = [f"install: {exc.reason}"]
+        return plugin
+    except launch.LaunchError as exc:
+        plugin.problems = [f"command: {exc}"]
+        return plugin
+    runner = hosted.HostedRunner(spec, nursery, argv, reads)
+    try:
+        ready = await runner.start()
+    except PluginLoadError as exc:
+        await runner.aclose(grace_s=0)
+        plugin.problems = [f"{exc.stage}: {exc.message}"]
+        return plugin
+    plugin.layers = list(ready.layers)
+    plugin.entries = hosted_entries(plugin, runner, ready.tools)
+    if not plugin.entries:
+        plugin.problems.append("the server lists no usable tools")
+        await runner.aclose(grace_s=0)
+        return plugin
+
+    def changed(tools: list[wire.ToolSpec]) -> None:
+        plugin.entries = hosted_entries(plugin, runner, tools)
+        if plugin.on_change is not None:
+            plugin.on_change()
+
+    runner.on_tools_changed = changed
+    plugin.pool = runner
+    return plugin
+
+
+def hosted_entries(plugin: Plugin, runner: Any, tools: list[wire.ToolSpec]) -> list[ToolEntry]:
+    """Catalog entries for a hosted server's tools; a tool that fails the checks is left out and logged."""
+    assert plugin.manifest is not None
+    entries: list[ToolEntry] = []
+    seen: set[str] = set()
+    for spec_ in tools:
+        public = plugin.manifest.prefix + spec_.name
+        checked, problems = check_tool(spec_, public) if public not in seen else (None, [f"tool {public!r} twice"])
+        if checked is None:
+            log("hosted_tool_dropped", level="warning", plugin=plugin.name, tool=public[:100], problems=problems[:5])
+            continue
+        seen.add(public)
+        entries.append(ToolEntry(public, plugin.name, spec_.name, checked, runner))
+    return entries
 
 
 def resolve_conflicts(plugins: list[Plugin]) -> list[ToolEntry]:

@@ -194,6 +194,9 @@ class PoolSpec:
     state_dir: str
     min_workers: int = 1
     describe_only: bool = False
+    #: Put before the daemon's own paths on the worker's ``sys.path``: the plugin's installed
+    #: requirements (``runtime.installer``), readable by its workers only.
+    extra_sys_path: tuple[str, ...] = ()
 
     @staticmethod
     def base_env() -> dict[str, str]:

@@ -274,7 +274,7 @@ class WorkerPool:
             plugin_name=m.name,
             plugin_dir=self.spec.plugin_dir,
             entry=m.entry,
-            sys_path=WORKER_SYS_PATH,
+            sys_path=[*self.spec.extra_sys_path, *WORKER_SYS_PATH],
             env=self.spec.env(token),
             limits=m.limits,
             permissions=m.permissions,

@@ -100,6 +100,11 @@ class Init(msgspec.Struct, tag="init", frozen=True, array_like=True):
     mode: str = "pooled"
     #: Only list tools, then exit (used by ``toolcell check`` / ``list``).
     describe_only: bool = False
+    #: A hosted MCP server (``sandbox.hosted``): the argv to execute once isolated, instead of
+    #: importing a plugin. Empty for a plugin.
+    command: list[str] = []
+    #: Files and trees the hosted command needs to read and execute (its executable, interpreter, package).
+    command_read: list[str] = []
 
 
 class Call(msgspec.Struct, tag="call", frozen=True, array_like=True):

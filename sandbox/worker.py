@@ -243,6 +243,11 @@ def main(fd: int = IPC_FD, spare: bool = False) -> None:
     except Exception as exc:
         chan.send(LoadFailed(f"isolation failed: {type(exc).__name__}: {exc}", stage="isolation"))
         return
+    if init.command:
+        from sandbox import hosted
+
+        hosted.run(chan, init, layers, missing)
+        return
     try:  # a plugin's print() reaches the daemon log line by line (stdout is a pipe to the daemon)
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     except (AttributeError, ValueError):

@@ -74,7 +74,7 @@ def apply(init: Init) -> tuple[list[str], list[str]]:
     ipc_fd = hygiene.find_ipc_fd()
     hygiene.apply(scratch, ipc_fd)
     applied.add("hygiene")
-    rlimits.apply(init.limits)
+    rlimits.apply(init.limits, address_space=not init.command)
     applied.add("rlimits")
     if policy == "none":
         return _ordered(applied), []

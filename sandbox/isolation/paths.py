@@ -69,6 +69,7 @@ def allowlist(init: Init) -> Allowlist:
     read += [init.plugin_dir]
     read += list(SYSTEM_READ)
     read += list(init.permissions.read)
+    read += list(init.command_read)
     read = _real(read)
     write = _real(list(init.permissions.write))
     read = [p for p in read if p not in write]

@@ -20,7 +20,10 @@ def _cap(which: int, value: int) -> None:
     resource.setrlimit(which, (value, value))
 
 
-def apply(limits: Limits) -> None:
+def apply(limits: Limits, *, address_space: bool = True) -> None:
+    """``address_space``: also cap RLIMIT_AS. Off for a hosted server's runtime (Node reserves tens of
+    GiB of address space it never touches: a V8 pointer cage, WebAssembly guard regions), whose memory
+    the cgroup limit accounts for instead."""
     _cap(resource.RLIMIT_CORE, 0)
     _cap(resource.RLIMIT_NOFILE, limits.max_open_files)
     _cap(resource.RLIMIT_FSIZE, limits.max_file_size_mb * 1024 * 1024)
@@ -28,7 +31,8 @@ def apply(limits: Limits) -> None:
     # here, so that it can be moved on before each call; the hard one stays where it was.
     _soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s if hard == resource.RLIM_INFINITY else min(limits.cpu_s, hard), hard))
-    _cap(resource.RLIMIT_AS, (max(limits.memory_mb, 64) + AS_SLACK_MB) * 1024 * 1024)
+    if address_space:
+        _cap(resource.RLIMIT_AS, (max(limits.memory_mb, 64) + AS_SLACK_MB) * 1024 * 1024)
 
 
 def apply_nproc(pids_max: int = PIDS_MAX) -> None:

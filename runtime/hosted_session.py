@@ -1,0 +1,745 @@
+"""One hosted server process and the daemon's MCP session with it (``runtime.hosted`` runs the calls).
+
+How this works:
+
+* ``Instance.start`` starts a worker like any other (``Init`` over its IPC fd, every isolation layer,
+  the egress proxy for a network grant), which then executes the server (``sandbox.hosted``) with its
+  stdin and stdout piped here; then the MCP handshake and ``tools/list`` (all pages, bounded).
+* One reader task per instance reads the server's stdout line by line. Every line is untrusted: capped
+  (an overlong one ends the instance, as an over-size frame ends a worker), decoded strictly, checked
+  for depth and size (``runtime.worker_frames``), and shaped field by field. A bad response fails its
+  own call; a bad notification is dropped; what cannot be tied to a call is logged, capped. Any
+  exception while handling a line ends that instance, never the daemon.
+* Writes go straight to the pipe when it takes them (no task switch on the hot path), else to a writer
+  task; input the server leaves unread beyond ``MAX_UNREAD_INPUT`` ends it.
+* Responses are matched by id; progress by the token sent with the call; a log message goes to the
+  call it belongs to when exactly one call is running here (stdio carries no other link). Requests
+  from the server: ``ping`` is answered, everything else "method not found" (toolcell offers hosted
+  servers no client capabilities yet).
+* ``cancel`` sends ``notifications/cancelled`` and then requires a ``ping`` answer within the
+  server's ``cancel_grace_s``, or ends the instance. ``fail`` ends it: its running calls get the error,
+  the process tree is killed, and the runner decides about a restart.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any, Callable, Protocol, cast
+
+import msgspec
+import trio
+
+from runtime import egress, worker_frames
+from runtime.egress_rules import Grant
+from runtime.logs import log
+from runtime.processes import (
+    LIVE_WORKER_PIDS,
+    LIVE_WORKER_TOKENS,
+    SPAWNED,
+    WORKER_SYS_PATH,
+    _PYTHON,
+    PoolSpec,
+    kill_tree,
+    sweep_orphans,
+)
+from runtime.protocol.errors import WorkerFailure
+from runtime.server_spec import ServerSpec
+from runtime.worker_frames import FrameRejected
+from runtime.workers import PluginLoadError, Worker
+from sandbox import wire
+from sandbox.isolation import cgroups
+
+PROTOCOL_VERSION = "2025-11-25"
+KNOWN_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+#: Most tools a hosted server may list, and most pages it may take to list them.
+MAX_TOOLS = 1000
+MAX_PAGES = 50
+#: Bytes of stderr (and of messages that belong to no call) logged per instance.
+MAX_LOGGED = 256 * 1024
+#: Input the server has not read yet; beyond it the server is considered stuck and restarted.
+MAX_UNREAD_INPUT = 8 << 20
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+class Runner(Protocol):
+    """What an instance needs of the runner that owns it (``runtime.hosted.HostedRunner``)."""
+
+    spec: PoolSpec
+    server: ServerSpec
+    name: str
+    limits: wire.Limits
+    nursery: trio.Nursery
+    argv: list[str]
+    command_read: list[str]
+    grant: Grant
+    max_line_bytes: int
+    layers: list[str]
+    stderr_tail: dict[int, bytes]
+
+    def complete(self, slot: Any) -> None: ...
+    def relay(self, slot: Any, frame: Any, size: int) -> None: ...
+    def instance_ended(self, instance: Instance, error: WorkerFailure) -> None: ...
+    def tools_listed(self, tools: list[wire.ToolSpec]) -> None: ...
+    def wake_watchdog(self, deadline: float) -> None: ...
+
+
+def _tool_spec(raw: Any) -> wire.ToolSpec:
+    """A tool definition as the server listed it, shaped field by field (raises ``ValueError``)."""
+    if not isinstance(raw, dict):
+        raise ValueError("a tool that is not an object")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError("a tool without a name")
+    schema = raw.get("inputSchema")
+    if not isinstance(schema, dict):
+        raise ValueError(f"tool {name[:64]!r} has no inputSchema object")
+    out = raw.get("outputSchema")
+    description = raw.get("description")
+    title = raw.get("title")
+    annotations = raw.get("annotations")
+    icons = raw.get("icons")
+    meta = raw.get("_meta")
+    return wire.ToolSpec(
+        name=name,
+        description=description if isinstance(description, str) else "",
+        input_schema=schema,
+        output_schema=out if isinstance(out, dict) else None,
+        title=title if isinstance(title, str) else None,
+        annotations=annotations if isinstance(annotations, dict) else None,
+        icons=icons if isinstance(icons, list) and all(isinstance(i, dict) for i in icons) else None,
+        meta=meta if isinstance(meta, dict) else None,
+    )
+
+
+def _result(request_id: int, raw: Any) -> wire.Result:
+    """A ``CallToolResult`` from the server as a ``wire.Result`` (raises ``ValueError`` / ``FrameRejected``)."""
+    if not isinstance(raw, dict):
+        raise ValueError("the result is not an object")
+    content = raw.get("content", [])
+    if not isinstance(content, list) or not all(isinstance(c, dict) for c in content):
+        raise ValueError("the result's content is not a list of objects")
+    has_structured = "structuredContent" in raw and raw["structuredContent"] is not None
+    structured = raw.get("structuredContent") if has_structured else None
+    if has_structured and not isinstance(structured, dict):
+        raise ValueError("the result's structuredContent is not an object")
+    # Depth, size and JSON-cleanness were checked on the whole message (``Instance._handle_line``).
+    return wire.Result(request_id, content, structured, has_structured, raw.get("isError") is True)
+
+
+def _text(text: str, limit: int = 2000) -> str:
+    text = "".join(ch if ch.isprintable() or ch in "\n\t" else "?" for ch in text[:limit])
+    return text
+
+
+class Instance:
+    """One server process and the MCP session with it."""
+
+    def __init__(self, runner: Runner, group: Any) -> None:
+        self.runner = runner
+        self.group = group
+        self.proc: trio.Process | None = None
+        self.ipc: Worker | None = None
+        self.pid = 0
+        self.server_pid = 0
+        self.token = ""
+        self.scratch = ""
+        self.pending: dict[int, Any] = {}
+        self.progress_tokens: dict[int, Any] = {}
+        self.waiters: dict[int, Callable[[Any], None]] = {}
+        self.next_id = 0
+        self.dead = False
+        self.ready = False
+        self.started_at = 0.0
+        self.out: list[bytes] = []
+        self.out_bytes = 0
+        #: The server's stdin (non-blocking, as trio set it up), written directly when nothing is queued.
+        self.stdin_fd = -1
+        self.writing = False
+        self.out_wake = trio.Event()
+        self.exited = trio.Event()
+        self.egress: trio.CancelScope | None = None
+        self.logged = 0
+        self.checking = False
+        self.relisting = False
+        self.failure: WorkerFailure | None = None
+        self.server_info: dict[str, Any] = {}
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    async def start(self) -> list[wire.ToolSpec]:
+        """Start the sandboxed process, do the MCP handshake and list the tools. Raises ``PluginLoadError``."""
+        runner = self.runner
+        spec = runner.spec
+        os.makedirs(spec.state_dir, mode=0o711, exist_ok=True)
+        self.scratch = tempfile.mkdtemp(prefix=f"{os.getpid()}~{runner.name}-", dir=spec.state_dir)
+        self.token = secrets.token_hex(8)
+        LIVE_WORKER_TOKENS.add(self.token)
+        env = spec.env(self.token)
+        env.setdefault("HOME", self.scratch)
+        env.setdefault("TMPDIR", "/tmp")
+        try:
+            self.proc, raw = await spawn_piped(env, self.scratch)
+        except OSError as exc:
+            LIVE_WORKER_TOKENS.discard(self.token)
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise PluginLoadError("spawn", f"could not start a worker: {exc}") from None
+        self.pid = self.proc.pid
+        LIVE_WORKER_PIDS.add(self.pid)
+        self.ipc = Worker(self.proc, raw, self.scratch, wire.MAX_FRAME_BYTES)
+        runner.nursery.start_soon(self._watch)
+        try:
+            with trio.fail_after(runner.server.start_timeout_s):
+                ready = await self._sandbox(env)
+                self.server_pid = ready.pid
+                assert self.proc.stdin is not None
+                self.stdin_fd = int(cast(Any, self.proc.stdin).fileno())  # a trio FdStream over the pipe
+                runner.nursery.start_soon(self._write_loop)
+                runner.nursery.start_soon(self._read_loop)
+                runner.nursery.start_soon(self._pump_stderr)
+                init = await self.request("initialize", {
+                    "protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+                    "clientInfo": {"name": "toolcell", "version": _version()}})
+                self._check_initialize(init)
+                self.notify("notifications/initialized", None)
+                tools = await self.list_tools()
+        except BaseException as exc:
+            why = self._start_failure(exc)
+            self.kill()
+            if why is None:
+                raise
+            with trio.move_on_after(1.0):
+                await self.exited.wait()
+            raise PluginLoadError("start", why) from None
+        self.ready = True
+        self.started_at = time.monotonic()
+        return tools
+
+    def _start_failure(self, exc: BaseException) -> str | None:
+        if isinstance(exc, PluginLoadError):
+            return exc.message
+        if isinstance(exc, trio.TooSlowError):
+            return f"the server did not start within {self.runner.server.start_timeout_s:g} s" + self._tail()
+        if isinstance(exc, WorkerFailure):
+            return exc.message.removesuffix("; it is being restarted") + self._tail()
+        if isinstance(exc, ValueError):
+            return f"the server's answer was unusable: {exc}"
+        if isinstance(exc, OSError):
+            return f"could not start the server: {exc}"
+        return None
+
+    def _tail(self) -> str:
+        tail = self.runner.stderr_tail.get(id(self), b"").decode("utf-8", "replace").strip()
+        return f"; it printed: {_text(tail[-1500:])}" if tail else ""
+
+    async def _sandbox(self, env: dict[str, str]) -> wire.Ready:
+        """Send ``Init`` and wait for the sandbox's ``Ready`` (with the egress socket, if granted)."""
+        from runtime.policy import EGRESS_LAYER, check_layers
+
+        runner = self.runner
+        m = runner.spec.manifest
+        ipc = self.ipc
+        assert ipc is not None
+        init = wire.Init(plugin_name=m.name, plugin_dir=runner.spec.plugin_dir, entry="", sys_path=WORKER_SYS_PATH,
+                         env=env, limits=m.limits, permissions=m.permissions, policy=runner.spec.policy,
+                         scratch_dir=self.scratch, command=list(runner.argv), command_read=list(runner.command_read))
+        if not ipc.write(wire.encode_frame(init)):
+            raise WorkerFailure("crashed", "the worker process exited unexpectedly")
+        try:
+            msg = await ipc.read_message(with_fds=True)
+            if isinstance(msg, wire.EgressListener):
+                if not runner.grant or self.egress is not None:
+                    raise WorkerFailure("garbage", "the worker sent an egress socket its plugin has no grant for")
+                try:
+                    listener = egress.adopt_listener(ipc.fds, msg.port)
+                except ValueError as exc:
+                    raise WorkerFailure("garbage", str(exc)) from None
+                self.egress = trio.CancelScope()
+                runner.nursery.start_soon(egress.serve_proxy, listener, runner.grant, runner.name, self.pid, self.egress)
+                msg = await ipc.read_message(with_fds=True)
+        finally:
+            ipc.close_fds()
+        if isinstance(msg, wire.LoadFailed):
+            raise PluginLoadError(msg.stage, msg.error)
+        if not isinstance(msg, wire.Ready):
+            raise PluginLoadError("start", "the worker sent something other than Ready")
+        if EGRESS_LAYER in msg.layers and self.egress is None:
+            raise PluginLoadError("isolation", "the worker reported an egress proxy but handed over no socket")
+        problem = check_layers(runner.spec.policy, msg.layers, msg.missing, runner.name, network=bool(runner.grant))
+        if problem:
+            raise PluginLoadError("isolation", problem)
+        self.runner.layers = list(msg.layers)
+        return msg
+
+    def _check_initialize(self, result: Any) -> None:
+        if not isinstance(result, dict):
+            raise ValueError("initialize: the result is not an object")
+        version = result.get("protocolVersion")
+        if version not in KNOWN_VERSIONS:
+            raise ValueError(f"initialize: unsupported protocol version {str(version)[:40]!r}")
+        info = result.get("serverInfo")
+        self.server_info = info if isinstance(info, dict) else {}
+
+    async def list_tools(self) -> list[wire.ToolSpec]:
+        """Every tool the server lists (all pages), shaped; raises ``ValueError`` for a broken listing."""
+        raw_tools: list[Any] = []
+        cursor: Any = None
+        for _ in range(MAX_PAGES):
+            page = await self.request("tools/list", {"cursor": cursor} if cursor is not None else {})
+            if not isinstance(page, dict) or not isinstance(page.get("tools"), list):
+                raise ValueError("tools/list: the result has no tools list")
+            raw_tools += page["tools"]
+            if len(raw_tools) > MAX_TOOLS:
+                raise ValueError(f"tools/list: more than {MAX_TOOLS} tools")
+            cursor = page.get("nextCursor")
+            if cursor is None:
+                break
+            if not isinstance(cursor, str) or len(cursor) > 1024:
+                raise ValueError("tools/list: a malformed nextCursor")
+        else:
+            raise ValueError(f"tools/list: more than {MAX_PAGES} pages")
+        specs: list[wire.ToolSpec] = []
+        for raw in raw_tools:
+            try:
+                specs.append(_tool_spec(raw))
+            except ValueError as exc:
+                log("hosted_tool_dropped", level="warning", plugin=self.runner.name, problem=str(exc))
+        return specs
+
+    # -- talking to the server -----------------------------------------------------------------
+
+    def send(self, obj: dict[str, Any]) -> None:
+        """Write one message now if the pipe takes it (no task switch on the hot path), else queue it
+        for the writer task."""
+        if self.dead:
+            return
+        data = _encode(obj) + b"\n"
+        if not self.out and not self.writing and self.stdin_fd >= 0:
+            try:
+                sent = os.write(self.stdin_fd, data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self.fail(WorkerFailure("crashed", "the server closed its input"))
+                return
+            if sent == len(data):
+                return
+            data = data[sent:]
+        self.out.append(data)
+        self.out_bytes += len(data)
+        if self.out_bytes > MAX_UNREAD_INPUT:
+            self.fail(WorkerFailure("unavailable", "the server stopped reading its input"))
+            return
+        self.out_wake.set()
+
+    def notify(self, method: str, params: Any) -> None:
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = params
+        self.send(msg)
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    async def request(self, method: str, params: Any) -> Any:
+        """Send a request and wait for its result; raises ``WorkerFailure`` / ``ValueError``."""
+        request_id = self._new_id()
+        box: list[Any] = []
+        done = trio.Event()
+
+        def answer(msg: Any) -> None:
+            box.append(msg)
+            done.set()
+
+        self.waiters[request_id] = answer
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        try:
+            await done.wait()
+        finally:
+            self.waiters.pop(request_id, None)
+        msg = box[0]
+        if isinstance(msg, WorkerFailure):
+            raise msg
+        if "error" in msg:
+            raise ValueError(f"{method}: the server answered with an error: {_error_text(msg['error'])}")
+        return msg.get("result")
+
+    def call(self, slot: Any) -> None:
+        request_id = self._new_id()
+        slot.request_id = request_id
+        slot.instance = self
+        self.pending[request_id] = slot
+        params: dict[str, Any] = {"name": slot.tool, "arguments": slot.arguments}
+        if slot.progress:
+            params["_meta"] = {"progressToken": request_id}
+            self.progress_tokens[request_id] = slot
+        slot.deadline = trio.current_time() + self.runner.limits.timeout_s
+        self.runner.wake_watchdog(slot.deadline)
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+
+    def forget(self, slot: Any) -> None:
+        self.pending.pop(slot.request_id, None)
+        self.progress_tokens.pop(slot.request_id, None)
+
+    def cancel(self, slot: Any, reason: str) -> None:
+        """Stop ``slot`` at the server; the server must then show it is still responsive."""
+        self.forget(slot)
+        self.notify("notifications/cancelled", {"requestId": slot.request_id, "reason": reason})
+        if not self.checking and not self.dead:
+            self.checking = True
+            self.runner.nursery.start_soon(self._check_responsive)
+
+    async def _check_responsive(self) -> None:
+        try:
+            with trio.move_on_after(self.runner.server.cancel_grace_s) as scope:
+                try:
+                    await self.request("ping", {})
+                except (WorkerFailure, ValueError):
+                    return  # dead already, or answered (an error is an answer)
+            if scope.cancelled_caught and not self.dead:
+                log("hosted_server_unresponsive", level="warning", plugin=self.runner.name, pid=self.server_pid,
+                    grace_s=self.runner.server.cancel_grace_s, note="restarting it")
+                self.fail(WorkerFailure("timeout", "the server stopped responding after a call was cancelled; "
+                                                   "it was restarted"))
+        finally:
+            self.checking = False
+
+    async def _write_loop(self) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stdin is not None
+        stdin = proc.stdin
+        try:
+            while not self.dead:
+                await self.out_wake.wait()
+                self.out_wake = trio.Event()
+                while self.out and not self.dead:
+                    data = b"".join(self.out)
+                    self.out.clear()
+                    self.writing = True
+                    try:
+                        await stdin.send_all(data)
+                    finally:
+                        self.writing = False
+                    self.out_bytes -= len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            self.fail(WorkerFailure("crashed", "the server closed its input"))
+
+    async def _read_loop(self) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None
+        stdout = proc.stdout
+        limit = self.runner.max_line_bytes
+        buf = bytearray()
+        try:
+            while not self.dead:
+                chunk = await stdout.receive_some(1 << 16)
+                if not chunk:
+                    break
+                buf += chunk
+                start = 0
+                while True:
+                    end = buf.find(b"\n", start)
+                    if end < 0:
+                        break
+                    line = bytes(buf[start:end])
+                    start = end + 1
+                    if len(line) > limit:
+                        raise WorkerFailure("output_cap", f"the server sent a message over the {limit}-byte limit")
+                    if line.strip():
+                        self._handle_line(line)
+                    if self.dead:
+                        return
+                del buf[:start]
+                if len(buf) > limit:
+                    raise WorkerFailure("output_cap", f"the server sent a message over the {limit}-byte limit")
+        except WorkerFailure as exc:
+            self.fail(exc)
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        except Exception as exc:  # our bug, triggered by what the server sent: end this instance only
+            log("internal_error", level="error", where="hosted server message", plugin=self.runner.name,
+                error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            self.fail(WorkerFailure("garbage", "the daemon could not handle what the server sent"))
+            return
+        if not self.dead:
+            with trio.move_on_after(0.5):
+                await self.exited.wait()
+            self.fail(self._exit_failure())
+
+    def _handle_line(self, line: bytes) -> None:
+        try:
+            msg = _decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, ValueError) as exc:
+            self._log_stray("hosted_server_garbage", line, why=str(exc)[:200])
+            return
+        try:
+            worker_frames.check_value(msg, "a message")
+        except FrameRejected as exc:
+            # Too deep, too big or not JSON-clean: the call it answers (if any) fails, nothing is relayed.
+            raw_id = msg.get("id") if isinstance(msg, dict) and "method" not in msg else None
+            request_id = raw_id if isinstance(raw_id, int) else -1
+            slot = self.pending.pop(request_id, None)
+            if slot is not None:
+                self.progress_tokens.pop(request_id, None)
+                slot.error = WorkerFailure("garbage", f"the server sent a malformed result: {exc}")
+                self.runner.complete(slot)
+            else:
+                self._log_stray("hosted_server_garbage", line[:2000], why=str(exc)[:200])
+            return
+        if not isinstance(msg, dict):
+            self._log_stray("hosted_server_garbage", line, why="not a JSON-RPC message")
+            return
+        method = msg.get("method")
+        if "id" in msg and method is None:
+            self._response(msg)
+        elif isinstance(method, str):
+            if "id" in msg:
+                self._server_request(msg, method)
+            else:
+                self._notification(msg, method)
+        else:
+            self._log_stray("hosted_server_garbage", line, why="not a JSON-RPC message")
+
+    def _response(self, msg: dict[str, Any]) -> None:
+        request_id = msg.get("id")
+        if type(request_id) is not int:
+            self._log_stray("hosted_server_stray_response", _encode(msg)[:500], why="an id this client never sent")
+            return
+        waiter = self.waiters.pop(request_id, None)
+        if waiter is not None:
+            waiter(msg)
+            return
+        slot = self.pending.pop(request_id, None)
+        if slot is None:
+            return  # the answer to a call that was cancelled or timed out
+        self.progress_tokens.pop(request_id, None)
+        if "error" in msg:
+            text = f"the server answered with an error: {_error_text(msg['error'])}"
+            slot.result = wire.Result(request_id, [{"type": "text", "text": text}], is_error=True)
+        else:
+            try:
+                slot.result = _result(request_id, msg.get("result"))
+            except (ValueError, FrameRejected) as exc:
+                slot.error = WorkerFailure("garbage", f"the server sent a malformed result: {exc}")
+        self.runner.complete(slot)
+
+    def _server_request(self, msg: dict[str, Any], method: str) -> None:
+        request_id = msg["id"]
+        if not isinstance(request_id, (int, str)) or (isinstance(request_id, str) and len(request_id) > 256):
+            return
+        if method == "ping":
+            self.send({"jsonrpc": "2.0", "id": request_id, "result": {}})
+        else:
+            # toolcell offers hosted servers no client capabilities (roots, sampling, elicitation) yet.
+            self.send({"jsonrpc": "2.0", "id": request_id,
+                       "error": {"code": -32601, "message": f"Method not found: {method[:100]}"}})
+
+    def _notification(self, msg: dict[str, Any], method: str) -> None:
+        params = msg.get("params")
+        if method == "notifications/progress" and isinstance(params, dict):
+            token = params.get("progressToken")
+            slot = self.progress_tokens.get(token) if type(token) is int else None
+            progress, total, message = params.get("progress"), params.get("total"), params.get("message")
+            if slot is None or type(progress) not in (int, float):
+                return
+            frame = wire.Progress(slot.request_id, float(progress),  # type: ignore[arg-type]
+                                  float(total) if type(total) in (int, float) else None,  # type: ignore[arg-type]
+                                  message if isinstance(message, str) else None)
+            self.runner.relay(slot, frame, len(_encode(params)))
+        elif method == "notifications/message" and isinstance(params, dict):
+            level = params.get("level")
+            if level not in wire.LOG_LEVELS:
+                return
+            logger = params.get("logger")
+            running = list(self.pending.values())
+            if len(running) == 1:
+                frame_log = wire.Log(running[0].request_id, wire.LOG_LEVELS.index(level), params.get("data"),
+                                     logger[:256] if isinstance(logger, str) else None)
+                self.runner.relay(running[0], frame_log, len(_encode(params)))
+            else:
+                self._log_stray("hosted_server_log", _encode(params)[:2000], why=str(level))
+        elif method == "notifications/tools/list_changed":
+            if self.ready and not self.relisting:
+                self.relisting = True
+                self.runner.nursery.start_soon(self._relist)
+
+    async def _relist(self) -> None:
+        try:
+            await trio.sleep(0.05)  # a burst of list_changed is one listing
+            tools = await self.list_tools()
+        except (WorkerFailure, ValueError) as exc:
+            log("hosted_relist_failed", level="warning", plugin=self.runner.name, error=str(exc)[:300])
+            return
+        finally:
+            self.relisting = False
+        self.runner.tools_listed(tools)
+
+    def _log_stray(self, event: str, data: bytes, why: str) -> None:
+        if self.logged >= MAX_LOGGED:
+            return
+        self.logged += len(data)
+        log(event, level="warning", plugin=self.runner.name, pid=self.server_pid, why=why,
+            data=data[:2000].decode("utf-8", "replace"))
+        if self.logged >= MAX_LOGGED:
+            log("hosted_server_output_capped", level="warning", plugin=self.runner.name, cap_bytes=MAX_LOGGED)
+
+    async def _pump_stderr(self) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stderr is not None
+        logged = 0
+        tails = self.runner.stderr_tail
+        try:
+            while True:
+                chunk = await proc.stderr.receive_some(65536)
+                if not chunk:
+                    break
+                tails[id(self)] = (tails.get(id(self), b"") + chunk)[-4096:]
+                if logged < MAX_LOGGED:
+                    logged += len(chunk)
+                    log("plugin_output", plugin=self.runner.name, pid=self.server_pid,
+                        output=chunk[:MAX_LOGGED].decode("utf-8", "replace").rstrip("\n"))
+                    if logged >= MAX_LOGGED:
+                        log("plugin_output_capped", plugin=self.runner.name, pid=self.server_pid, cap_bytes=MAX_LOGGED)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def _exit_failure(self) -> WorkerFailure:
+        proc = self.proc
+        code = proc.returncode if proc is not None else None
+        limits = self.runner.limits
+        try:
+            events = cgroups.limit_events(self.pid)
+        except Exception:  # noqa: BLE001 (best effort)
+            events = {}
+        if events.get("oom_kill"):
+            return WorkerFailure("memory", f"the server ran out of memory (its limit is {limits.memory_mb} MB) "
+                                           "and was killed; it is being restarted")
+        if events.get("pids_max") and code is not None and code != 0:
+            return WorkerFailure("processes", f"the server hit its limit of {limits.max_processes} processes and "
+                                              "threads and was killed; it is being restarted")
+        if code is None:
+            what = "the server process stopped answering"
+        elif code > 128 and code - 128 < 65:
+            try:
+                what = f"the server process was killed by {signal.Signals(code - 128).name}"
+            except ValueError:
+                what = f"the server process exited with status {code}"
+        elif code < 0:
+            try:
+                what = f"the server process was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                what = f"the server process exited with status {code}"
+        else:
+            what = f"the server process exited with status {code}"
+        return WorkerFailure("crashed", f"{what}; it is being restarted")
+
+    def fail(self, error: WorkerFailure) -> None:
+        """End this instance: its running calls get ``error``; waiters wake; the process tree dies."""
+        if self.dead:
+            return
+        self.dead = True
+        self.failure = error
+        self.kill()
+        pending = list(self.pending.values())
+        self.pending.clear()
+        self.progress_tokens.clear()
+        for slot in pending:
+            slot.error = error
+            self.runner.complete(slot)
+        for waiter in list(self.waiters.values()):
+            waiter(error)
+        self.waiters.clear()
+        self.out_wake.set()
+        self.runner.instance_ended(self, error)
+
+    def kill(self) -> None:
+        self.dead = True
+        self.stdin_fd = -1
+        if self.pid:
+            kill_tree(self.pid)
+        LIVE_WORKER_TOKENS.discard(self.token)
+        if self.egress is not None:
+            self.egress.cancel()
+        if self.ipc is not None:
+            self.ipc.dead = True
+            try:
+                self.ipc.raw.close()
+            except OSError:
+                pass
+
+    async def _watch(self) -> None:
+        proc = self.proc
+        assert proc is not None
+        try:
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+        finally:
+            self.exited.set()
+            if not self.dead:
+                with trio.move_on_after(0.5):
+                    await trio.sleep(0.2)  # let the reader see EOF and the last answers first
+                self.fail(self._exit_failure())
+            LIVE_WORKER_PIDS.discard(self.pid)
+            SPAWNED.pop(self.pid, None)
+            sweep_orphans()
+            self.runner.stderr_tail.pop(id(self), None)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(cgroups.cleanup, self.pid)
+                for stream in (proc.stdin, proc.stdout, proc.stderr):
+                    if stream is not None:
+                        await stream.aclose()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    @property
+    def load(self) -> int:
+        return len(self.pending)
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        message = error.get("message")
+        code = error.get("code")
+        text = message if isinstance(message, str) else "(no message)"
+        return _text(f"{text} (code {code})" if type(code) is int else text, 1000)
+    return "(malformed error)"
+
+
+def _version() -> str:
+    from runtime import __version__
+
+    return str(__version__)
+
+
+async def spawn_piped(env: dict[str, str], cwd: str) -> tuple[trio.Process, socket.socket]:
+    """Start a worker interpreter with its IPC socket on fd 3 and stdin, stdout, stderr as three pipes
+    (``processes.spawn_process`` merges stderr into stdout and closes stdin: a plugin's prints; here
+    stdin and stdout are the server's MCP channel)."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = child.fileno()
+    move = "" if fd == 3 else f"import os;os.dup2({fd},3);os.close({fd});"
+    bootstrap = f"{move}import sys;sys.path[:0]={WORKER_SYS_PATH!r};from sandbox.worker import main;main(3)"
+    try:
+        proc = await trio.lowlevel.open_process(
+            [_PYTHON, "-I", "-S", "-B", "-c", bootstrap],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(fd,), start_new_session=True, env=env, cwd=cwd,
+        )
+    except BaseException:
+        parent.close()
+        raise
+    finally:
+        child.close()
+    SPAWNED[proc.pid] = proc
+    parent.setblocking(False)
+    return proc, parent

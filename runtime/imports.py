@@ -1,0 +1,505 @@
+"""``toolcell add``, ``toolcell import`` and ``toolcell approve``: bringing tools in, with a person's approval.
+
+* ``add npm:@scope/pkg[@version]`` / ``add pypi:pkg[==version]`` writes a hosted-server plugin folder
+  (the newest version pinned when none is given), installs the package into the state dir (so its
+  lock is known and shipped in the folder: ``package-lock.json`` or ``requirements.lock``), shows what
+  it asks for and records the approval. ``add FOLDER`` copies an existing plugin folder in.
+* ``import FILE`` reads a client's configuration -- Claude Desktop's ``claude_desktop_config.json``
+  and ``.mcp.json`` (``mcpServers``), VS Code's ``mcp.json`` (``servers``, ``inputs``) -- and turns each
+  stdio entry into such a plugin: ``npx -y PKG ARGS`` becomes ``npm:PKG`` (pinned, installed without
+  scripts, run with no network unless granted), ``uvx [--from PKG] NAME ARGS`` becomes ``pypi:PKG``,
+  any other command is kept as it is (resolved to its absolute path). ``env`` maps to the environment
+  allowlist: a literal value is set for the server, ``${VAR}`` / ``${env:VAR}`` is taken from the
+  daemon's environment, ``${input:ID}`` is asked for (or given with ``--env NAME.VAR=VALUE``). The paths
+  and hosts each server needs are asked for interactively (paths its arguments name are offered), or
+  given with ``--read/--write/--net NAME=VALUE``.
+* ``approve NAME`` shows a plugin's grants (and what it asks beyond its last approval) and records them.
+
+Nothing here runs untrusted code: installs go through ``runtime.installer`` (wheels only, no npm
+scripts), and every name from a config file is checked before it becomes a folder, a package or an
+argument (``runtime.server_spec``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import trio
+
+from runtime import approvals, installer
+from runtime.manifest import MANIFEST_NAME, ManifestError, load_manifest
+from runtime.server_spec import parse_package
+
+_NAME_BAD = re.compile(r"[^a-z0-9_.-]+")
+_VAR = re.compile(r"^\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}$")
+_INPUT = re.compile(r"\$\{input:([A-Za-z0-9_.-]+)\}")
+_NPX_VALUE_FLAGS = {"-p", "--package", "--cache", "--registry", "--userconfig"}
+_UVX_VALUE_FLAGS = {"--from", "--with", "--python", "-p", "--index", "--index-url", "--extra-index-url",
+                    "--with-requirements", "--constraint", "-c"}
+
+
+class ImportProblem(Exception):
+    """An entry that cannot become a plugin; the message says why."""
+
+
+def plugin_name(raw: str) -> str:
+    name = _NAME_BAD.sub("-", raw.lower().rsplit("/", 1)[-1]).strip("-._")[:64]
+    if not name or not name[0].isalnum():
+        raise ImportProblem(f"{raw!r} gives no usable plugin name")
+    return name
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"no TOML for {type(value).__name__}")
+
+
+def manifest_text(name: str, description: str, server: dict[str, Any], env_allow: list[str],
+                  env_set: dict[str, str], read: list[str], write: list[str], network: list[str]) -> str:
+    # Each server's tools carry its name: servers aggregated side by side never fight over a tool name.
+    prefix = (name[:31] + "_").replace("-", "_")
+    lines = [f"name = {_toml(name)}", 'version = "1.0.0"', f"description = {_toml(description[:500])}",
+             'kind = "server"', f"prefix = {_toml(prefix)}", "", "[server]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in server.items() if v not in ("", [], None)]
+    lines += ["", "[env]", f"allow = {_toml(env_allow)}", f"set = {_toml(env_set)}",
+              "", "[permissions]", f"read = {_toml(read)}", f"write = {_toml(write)}", f"network = {_toml(network)}", ""]
+    return "\n".join(lines)
+
+
+# -- client configs ---------------------------------------------------------------------------------
+
+
+def read_client_config(path: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """(server entries by name, VS Code input descriptions by id) from a client's config file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ImportProblem(f"{path}: cannot read it as JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ImportProblem(f"{path}: not a client configuration (a JSON object)")
+    servers = data.get("mcpServers", data.get("servers"))
+    if servers is None and isinstance(data.get("mcp"), dict):  # VS Code settings.json: {"mcp": {"servers": ...}}
+        servers = data["mcp"].get("servers")
+        data = data["mcp"]
+    if not isinstance(servers, dict):
+        raise ImportProblem(f"{path}: no mcpServers or servers object")
+    inputs: dict[str, str] = {}
+    for item in data.get("inputs", []) if isinstance(data.get("inputs"), list) else []:
+        if isinstance(item, dict) and isinstance(item.get("id"), str):
+            inputs[item["id"]] = str(item.get("description", item["id"]))
+    return {str(k): v for k, v in servers.items()}, inputs
+
+
+def translate(entry: Any) -> tuple[dict[str, Any], list[str]]:
+    """A config entry as a ``[server]`` table, and paths its arguments name. Raises ``ImportProblem``."""
+    if not isinstance(entry, dict):
+        raise ImportProblem("the entry is not an object")
+    kind = entry.get("type", entry.get("transportType", "stdio"))
+    if kind not in ("stdio", None) and "command" not in entry:
+        raise ImportProblem(f"a {kind!r} server is remote: toolcell hosts stdio servers (connect to it directly)")
+    command = entry.get("command")
+    args = entry.get("args", [])
+    if not isinstance(command, str) or not command:
+        raise ImportProblem("no command")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ImportProblem("args must be a list of strings")
+    base = os.path.basename(command).removesuffix(".cmd").removesuffix(".exe")
+    if base in ("docker", "podman"):
+        raise ImportProblem(f"{base} runs a container: toolcell does not host container images")
+    server: dict[str, Any]
+    if base == "npx":
+        rest, pkg = _split_runner(args, _NPX_VALUE_FLAGS, "--package", "-p")
+        server = {"package": _npm_spec(pkg), "args": rest}
+    elif base == "uvx":
+        rest, first = _split_runner(args, _UVX_VALUE_FLAGS, "--from", None)
+        source = _flag_value(args, "--from")
+        if source:
+            server = {"package": _pypi_spec(source), "bin": first.partition("@")[0], "args": rest}
+        elif first:
+            server = {"package": _pypi_spec(first), "args": rest}
+        else:
+            raise ImportProblem("uvx names no package")
+    else:
+        resolved = shutil.which(command) if "/" not in command else command
+        if resolved is None:
+            raise ImportProblem(f"{command!r} is not on PATH here")
+        server = {"command": [os.path.abspath(resolved)], "args": list(args)}
+    server["args"] = [_expand(a) for a in server.get("args", [])]
+    paths = [a for a in server["args"] if a.startswith("/") and os.path.isdir(a)]
+    return server, paths
+
+
+def _expand(arg: str) -> str:
+    """VS Code's predefined variables that name places (the import runs from the workspace)."""
+    return (arg.replace("${workspaceFolder}", os.getcwd()).replace("${userHome}", os.path.expanduser("~"))
+            .replace("${pathSeparator}", "/"))
+
+
+def _flag_value(args: list[str], flag: str) -> str:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return ""
+
+
+def _split_runner(args: list[str], value_flags: set[str], pkg_flag: str, short: str | None) -> tuple[list[str], str]:
+    """(the server's own arguments, the first positional) of an ``npx``/``uvx`` argument list."""
+    i = 0
+    explicit = ""
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            i += 1
+            break
+        if not a.startswith("-"):
+            break
+        flag = a.split("=", 1)[0]
+        if flag in (pkg_flag, short) and "=" not in a and i + 1 < len(args):
+            explicit = args[i + 1]
+        elif flag == pkg_flag and "=" in a:
+            explicit = a.split("=", 1)[1]
+        i += 2 if (flag in value_flags and "=" not in a) else 1
+    positional = args[i:]
+    if pkg_flag == "--package":
+        if explicit:
+            return positional[1:], explicit
+        if not positional:
+            raise ImportProblem("npx names no package")
+        return positional[1:], positional[0]
+    name = positional[0] if positional else ""
+    return positional[1:], name
+
+
+def _npm_spec(raw: str) -> str:
+    at = raw.rfind("@")
+    name, version = (raw[:at], raw[at + 1:]) if at > 0 else (raw, "")
+    if version in ("latest", "") or not re.match(r"^\d", version):
+        version = ""
+    spec = f"npm:{name}@{version}" if version else f"npm:{name}"
+    try:
+        parse_package(spec, pinned=False)
+    except ValueError as exc:
+        raise ImportProblem(str(exc)) from None
+    return spec
+
+
+def _pypi_spec(raw: str) -> str:
+    name, _, version = raw.partition("==")
+    if "@" in name:
+        name, _, version = name.partition("@")
+        version = "" if version == "latest" else version
+    spec = f"pypi:{name}=={version}" if version else f"pypi:{name}"
+    try:
+        parse_package(spec, pinned=False)
+    except ValueError as exc:
+        raise ImportProblem(str(exc)) from None
+    return spec
+
+
+async def pin(server: dict[str, Any]) -> dict[str, Any]:
+    """The same ``[server]`` table with its package pinned to the newest version when none was given."""
+    spec = server.get("package")
+    if not spec:
+        return server
+    pkg = parse_package(spec, pinned=False)
+    if pkg.version:
+        return server
+    version = await installer.resolve_version(pkg.ecosystem, pkg.name)
+    pinned = f"npm:{pkg.name}@{version}" if pkg.ecosystem == "npm" else f"pypi:{pkg.name}=={version}"
+    parse_package(pinned)
+    return {**server, "package": pinned}
+
+
+# -- the commands --------------------------------------------------------------------------------------
+
+
+class Asker:
+    """Questions to a person at a terminal; with no terminal, the flags' answers only."""
+
+    def __init__(self, assume_yes: bool) -> None:
+        self.assume_yes = assume_yes
+        self.interactive = sys.stdin.isatty() and not assume_yes
+
+    def text(self, question: str, default: str = "") -> str:
+        if not self.interactive:
+            return default
+        answer = input(f"{question} [{default}]: ").strip()
+        return answer or default
+
+    def confirm(self, question: str) -> bool:
+        if self.assume_yes:
+            return True
+        if not self.interactive:
+            print("toolcell: not approved (no terminal to ask; run again with --yes to approve)", file=sys.stderr)
+            return False
+        return input(f"{question} [y/N]: ").strip().lower() in ("y", "yes")
+
+
+def _split_list(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _per_name(values: list[str] | None) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for v in values or []:
+        name, sep, value = v.partition("=")
+        if not sep:
+            raise ImportProblem(f"{v!r}: use NAME=VALUE")
+        out.setdefault(name, []).append(value)
+    return out
+
+
+def _destination(args: argparse.Namespace, cfg: Any) -> Path:
+    from runtime.config import BUNDLED_PLUGINS
+
+    if args.into:
+        into = Path(args.into)
+    else:
+        custom = [p for p in cfg.plugins if Path(p).resolve() != BUNDLED_PLUGINS.resolve()]
+        if len(custom) != 1:
+            raise ImportProblem("say which plugins folder to add to: --into DIR (or one --plugins folder in the config)")
+        into = Path(custom[0])
+    into.mkdir(parents=True, exist_ok=True)
+    return into.resolve()
+
+
+async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker, how: str, replace: bool) -> bool:
+    """Write the folder, install what it runs, ship its lock, show its grants, record the approval."""
+    folder = into / name
+    if folder.resolve().parent != into:
+        raise ImportProblem(f"{name!r} would land outside {into}")
+    if folder.exists() and not replace:
+        raise ImportProblem(f"{folder} already exists (use --replace to overwrite it)")
+    staging = into / f".{name}.toolcell-new"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(mode=0o755)
+    try:
+        (staging / MANIFEST_NAME).write_text(text, encoding="utf-8")
+        os.chmod(staging / MANIFEST_NAME, 0o600)
+        try:
+            manifest = load_manifest(staging)
+        except ManifestError as exc:
+            raise ImportProblem("; ".join(exc.problems)) from None
+        if manifest.server is not None and manifest.server.package:
+            print(f"installing {manifest.server.package} ...", file=sys.stderr)
+            env = await installer.install_package(parse_package(manifest.server.package), state_dir, None,
+                                                  manifest.server.bin)
+            lock = installer.lock_file(env)
+            if lock is not None:
+                (staging / lock[0]).write_text(lock[1], encoding="utf-8")
+        print("\n".join(approvals.describe(manifest)))
+        if not asker.confirm(f"Approve {name} with these permissions?"):
+            return False
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.rename(folder)
+        approvals.record(state_dir, manifest, str(folder), how)
+        print(f"added {folder} (approved)")
+        return True
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _grants_for(name: str, suggested: list[str], args: argparse.Namespace, asker: Asker) -> tuple[list[str], list[str], list[str]]:
+    reads, writes, nets = _per_name(args.read), _per_name(args.write), _per_name(args.net)
+    read = reads.get(name, []) + reads.get("*", [])
+    write = writes.get(name, []) + writes.get("*", [])
+    net = nets.get(name, []) + nets.get("*", [])
+    if asker.interactive:
+        write = _split_list(asker.text(f"{name}: folders it may read and write", ",".join(write or suggested)))
+        read = _split_list(asker.text(f"{name}: folders it may only read", ",".join(read)))
+        net = _split_list(asker.text(f"{name}: hosts it may reach (host:port)", ",".join(net)))
+    return read, write, net
+
+
+def _env_for(name: str, env: Any, inputs: dict[str, str], args: argparse.Namespace,
+             asker: Asker) -> tuple[list[str], dict[str, str]]:
+    if env is None:
+        return [], {}
+    if not isinstance(env, dict):
+        raise ImportProblem("env must be an object")
+    given = {k: v[-1] for k, v in _per_name(args.env).items()}
+    allow: list[str] = []
+    fixed: dict[str, str] = {}
+    for var, value in env.items():
+        if not isinstance(value, str):
+            raise ImportProblem(f"env {var!r}: the value is not a string")
+        override = given.get(f"{name}.{var}")
+        if override is not None:
+            fixed[var] = override
+            continue
+        m = _VAR.match(value)
+        if m and m.group(1) == var:
+            allow.append(var)
+        elif m:
+            raise ImportProblem(f"env {var!r} = {value!r}: toolcell passes a variable under its own name only")
+        elif _INPUT.search(value):
+            answer = asker.text(f"{name}: {var} ({', '.join(inputs.get(i, i) for i in _INPUT.findall(value))})")
+            if not answer:
+                allow.append(var)  # left to the daemon's environment
+            else:
+                fixed[var] = _INPUT.sub(answer.replace("\\", "\\\\"), value)
+        else:
+            fixed[var] = value
+    return allow, fixed
+
+
+def cmd_import(args: argparse.Namespace, cfg: Any) -> int:
+    try:
+        entries, inputs = read_client_config(args.file)
+        into = _destination(args, cfg)
+    except ImportProblem as exc:
+        print(f"toolcell import: {exc}", file=sys.stderr)
+        return 2
+    asker = Asker(args.yes)
+    made = failed = 0
+    for raw_name, entry in sorted(entries.items()):
+        if args.only and raw_name not in args.only:
+            continue
+        if isinstance(entry, dict) and (entry.get("disabled") is True):
+            print(f"{raw_name}: disabled in the config, skipped")
+            continue
+        try:
+            name = plugin_name(raw_name)
+            server, suggested = translate(entry)
+            server = trio.run(pin, server)
+            read, write, net = _grants_for(raw_name, suggested, args, asker)
+            allow, fixed = _env_for(raw_name, entry.get("env"), inputs, args, asker)
+            text = manifest_text(name, f"{raw_name}, imported from {os.path.basename(args.file)}", server, allow, fixed,
+                                 read, write, net)
+            if trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell import {args.file}", args.replace):
+                made += 1
+            else:
+                failed += 1
+        except (ImportProblem, installer.InstallError, approvals.ApprovalsError, ValueError, OSError) as exc:
+            failed += 1
+            reason = exc.reason if isinstance(exc, installer.InstallError) else str(exc)
+            print(f"toolcell import: {raw_name}: {reason}", file=sys.stderr)
+    print(f"{made} plugin(s) created in {into}" + (f", {failed} not" if failed else ""))
+    return 1 if failed else 0
+
+
+def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
+    asker = Asker(args.yes)
+    try:
+        into = _destination(args, cfg)
+        if args.spec.startswith(("npm:", "pypi:")):
+            pkg = parse_package(args.spec, pinned=False)
+            server = trio.run(pin, {"package": args.spec, "bin": args.bin or "", "args": list(args.args)})
+            name = plugin_name(args.name or pkg.name)
+            read, write, net = _grants_for(name, [a for a in args.args if a.startswith("/") and os.path.isdir(a)],
+                                           args, asker)
+            allow = sorted({v for v in (args.env or []) if "=" not in v})
+            fixed = dict(v.split("=", 1) for v in (args.env or []) if "=" in v)
+            text = manifest_text(name, f"{pkg.name}, added with toolcell add", server, allow, fixed, read, write, net)
+            ok = trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell add {args.spec}", args.replace)
+            return 0 if ok else 1
+        source = Path(args.spec).resolve()
+        manifest = load_manifest(source)
+        folder = into / manifest.name
+        if folder.exists() and not args.replace:
+            raise ImportProblem(f"{folder} already exists (use --replace to overwrite it)")
+        print("\n".join(approvals.describe(manifest)))
+        if not asker.confirm(f"Approve {manifest.name} with these permissions?"):
+            return 1
+        if folder != source:
+            if folder.exists():
+                shutil.rmtree(folder)
+            shutil.copytree(source, folder, symlinks=True)
+        approvals.record(cfg.state_dir, manifest, str(folder), f"toolcell add {source}")
+        print(f"added {folder} (approved)")
+        return 0
+    except ManifestError as exc:
+        print(f"toolcell add: {exc}", file=sys.stderr)
+    except (ImportProblem, approvals.ApprovalsError, ValueError, OSError) as exc:
+        print(f"toolcell add: {exc}", file=sys.stderr)
+    except installer.InstallError as exc:
+        print(f"toolcell add: {exc.reason}", file=sys.stderr)
+    return 1
+
+
+def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
+    from runtime.plugins import discover
+
+    found = []
+    for path in discover(cfg.plugins):
+        try:
+            manifest = load_manifest(path)
+        except ManifestError:
+            continue
+        if manifest.name == args.name:
+            found.append((path, manifest))
+    if len(found) != 1:
+        print(f"toolcell approve: {'no' if not found else 'more than one'} plugin named {args.name!r} in "
+              f"{', '.join(cfg.plugins)}", file=sys.stderr)
+        return 2
+    path, manifest = found[0]
+    try:
+        record = approvals.load(cfg.state_dir).get(approvals.key(path))
+    except approvals.ApprovalsError as exc:
+        print(f"toolcell approve: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(approvals.describe(manifest)))
+    if record is not None:
+        more = approvals.exceeds(approvals.grants(manifest), record["grants"])
+        print("  beyond its last approval: " + ("; ".join(more) if more else "nothing"))
+    if not Asker(args.yes).confirm(f"Approve {manifest.name} with these permissions?"):
+        return 1
+    approvals.record(cfg.state_dir, manifest, str(path), "toolcell approve")
+    print(f"approved {manifest.name}; a running daemon picks it up at its next reload (toolcell reload)")
+    return 0
+
+
+def register(sub: Any, common: Callable[..., None], config: Callable[..., Any]) -> None:
+    """Add ``add``, ``import`` and ``approve`` to the ``toolcell`` command line."""
+
+    def grants(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--into", metavar="DIR", help="the plugins folder to create the plugin(s) in")
+        p.add_argument("--read", action="append", metavar="NAME=PATH", help="a path a server may read (repeatable)")
+        p.add_argument("--write", action="append", metavar="NAME=PATH", help="a path a server may read and write")
+        p.add_argument("--net", action="append", metavar="NAME=HOST:PORT", help="a host a server may reach")
+        p.add_argument("--yes", action="store_true", help="approve without asking")
+        p.add_argument("--replace", action="store_true", help="overwrite a plugin folder of the same name")
+
+    p = sub.add_parser("add", help="add a plugin: npm:PKG[@VERSION], pypi:PKG[==VERSION] or a plugin folder")
+    common(p)
+    grants(p)
+    p.add_argument("spec")
+    p.add_argument("--arg", action="append", dest="args", default=[], metavar="ARG",
+                   help="an argument for the server (repeatable; --arg=--flag for one starting with -)")
+    p.add_argument("--name", help="plugin name (default: from the package)")
+    p.add_argument("--bin", help="which executable of the package runs the server (default: its only one)")
+    p.add_argument("--env", action="append", metavar="VAR[=VALUE]", help="environment: passed from the daemon, or set")
+    p.set_defaults(func=lambda a: cmd_add(a, config(a)))
+
+    p = sub.add_parser("import", help="turn a client's MCP config (Claude Desktop, .mcp.json, VS Code) into plugins")
+    common(p)
+    grants(p)
+    p.add_argument("file")
+    p.add_argument("--env", action="append", metavar="NAME.VAR=VALUE", help="a value for a server's variable")
+    p.add_argument("--only", action="append", metavar="NAME", help="import only this entry (repeatable)")
+    p.set_defaults(func=lambda a: cmd_import(a, config(a)))
+
+    p = sub.add_parser("approve", help="approve what a plugin asks for (paths, hosts, env, limits)")
+    common(p)
+    p.add_argument("name")
+    p.add_argument("--yes", action="store_true", help="approve without asking")
+    p.set_defaults(func=lambda a: cmd_approve(a, config(a)))
