@@ -54,7 +54,8 @@ class HostedSlot:
     """One call on its way to a hosted server (the dispatcher's handle)."""
 
     __slots__ = ("tool", "arguments", "progress", "log_level", "on_event", "on_done", "result", "error", "finished",
-                 "principal", "request_id", "instance", "deadline", "notes", "note_bytes", "notes_dropped")
+                 "principal", "request_id", "instance", "deadline", "notes", "note_bytes", "notes_dropped", "asking",
+                 "asks", "run_left_s")
 
     def __init__(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                  on_event: Callable[[Any], None] | None, on_done: Callable[[Any], None] | None,
@@ -75,6 +76,10 @@ class HostedSlot:
         self.notes = 0
         self.note_bytes = 0
         self.notes_dropped = 0
+        #: The server's question the call waits on: (our Ask, the server's request id, its instance).
+        self.asking: tuple[wire.Ask, Any, Any] | None = None
+        self.asks = 0
+        self.run_left_s = 0.0
 
     def finish(self) -> None:
         if self.finished:
@@ -395,6 +400,50 @@ class HostedRunner:
 
     # -- deadlines -----------------------------------------------------------------------------
 
+    # -- the server's questions (elicitation, sampling, roots) during a call ------------------------
+
+    def ask(self, slot: HostedSlot, instance: Instance, server_id: Any, method: str, params: dict[str, Any]) -> None:
+        """The server asks, during ``slot``'s call, what a tool would ask: the call's client is asked
+        (``CallDispatcher.answer`` brings the answer back to ``answer``); the deadline stops meanwhile."""
+        def refuse(message: str) -> None:
+            instance.send({"jsonrpc": "2.0", "id": server_id, "error": {"code": -32603, "message": message}})
+
+        limits = self.limits
+        if slot.on_event is None or slot.asking is not None:
+            return refuse("the call cannot ask anything now")
+        slot.asks += 1
+        if slot.asks > limits.max_asks:
+            return refuse(f"the call asked more than {limits.max_asks} questions (limits.max_asks)")
+        # Numbered per call, so that a call run again from the start asks under the same keys.
+        ask = wire.Ask(slot.request_id, [wire.InputRequest(f"ask-{slot.asks}", method, params)])
+        now = trio.current_time()
+        slot.run_left_s = max(0.0, slot.deadline - now)
+        slot.asking = (ask, server_id, instance)
+        slot.deadline = now + limits.ask_timeout_s
+        self.wake_watchdog(slot.deadline)
+        slot.on_event(ask)
+
+    def answer(self, slot: HostedSlot, responses: list[wire.InputResponse], missing: str = "error",
+               why: str = "the client gave no answer", to: wire.Ask | None = None) -> bool:
+        """The client's answer to the server's question (see ``WorkerPool.answer``), sent to the server."""
+        if slot.asking is None or slot.finished:
+            return False
+        ask, server_id, instance = slot.asking
+        if to is not None and to is not ask:
+            return False
+        slot.asking = None
+        slot.deadline = trio.current_time() + slot.run_left_s
+        self.wake_watchdog(slot.deadline)
+        key = ask.requests[0].key
+        response = next((r for r in responses if r.key == key), None) or wire.InputResponse(key, missing, message=why)
+        if response.outcome == "result" and isinstance(response.result, dict):
+            instance.send({"jsonrpc": "2.0", "id": server_id, "result": response.result})
+        else:
+            code = -32601 if response.outcome == "declined_capability" else -32603
+            instance.send({"jsonrpc": "2.0", "id": server_id,
+                           "error": {"code": code, "message": response.message or f"no answer ({response.outcome})"}})
+        return True
+
     def wake_watchdog(self, deadline: float) -> None:
         if deadline < self._watch_at:
             self._watch_wake.set()
@@ -406,7 +455,12 @@ class HostedRunner:
             for group in list(self.groups.values()):
                 for instance in list(group.instances):
                     for slot in list(instance.pending.values()):
-                        if slot.deadline <= now:
+                        if slot.deadline <= now and slot.asking is not None:
+                            # The question found no answer in time: the server hears so and goes on.
+                            self.answer(slot, [], "timeout",
+                                        f"the client did not answer within {self.limits.ask_timeout_s:g} s")
+                            nearest = min(nearest, slot.deadline)
+                        elif slot.deadline <= now:
                             instance.cancel(slot, "timed out")
                             slot.error = WorkerFailure("timeout", f"timed out after {self.limits.timeout_s:g} s")
                             self.complete(slot)

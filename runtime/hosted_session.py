@@ -14,8 +14,10 @@ How this works:
   task; input the server leaves unread beyond ``MAX_UNREAD_INPUT`` ends it.
 * Responses are matched by id; progress by the token sent with the call; a log message goes to the
   call it belongs to when exactly one call is running here (stdio carries no other link). Requests
-  from the server: ``ping`` is answered, everything else "method not found" (toolcell offers hosted
-  servers no client capabilities yet).
+  from the server: ``ping`` is answered; ``elicitation/create``, ``sampling/createMessage`` and
+  ``roots/list`` made while exactly one call runs here are that call's questions, asked of its
+  client like a plugin's (``runtime.hosted.HostedRunner.ask``: to a legacy client as our requests,
+  to a 2026-07-28 one as ``input_required``) and answered back; everything else "method not found".
 * ``cancel`` sends ``notifications/cancelled`` and then requires a ``ping`` answer within the
   server's ``cancel_grace_s``, or ends the instance. ``fail`` ends it: its running calls get the error,
   the process tree is killed, and the runner decides about a restart.
@@ -57,6 +59,10 @@ from sandbox import wire
 from sandbox.isolation import cgroups
 
 PROTOCOL_VERSION = "2025-11-25"
+#: What toolcell, as the hosted server's client, offers it: its calls' questions are passed on to the
+#: client that made the call (who may still lack the capability: the server then hears an error).
+#: No roots: a server asks for those at start-up, when no call (and no client) is there to answer.
+CLIENT_CAPABILITIES: dict[str, Any] = {"elicitation": {}, "sampling": {}}
 KNOWN_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 #: Most tools a hosted server may list, and most pages it may take to list them.
 MAX_TOOLS = 1000
@@ -89,6 +95,7 @@ class Runner(Protocol):
     def instance_ended(self, instance: Instance, error: WorkerFailure) -> None: ...
     def tools_listed(self, tools: list[wire.ToolSpec]) -> None: ...
     def wake_watchdog(self, deadline: float) -> None: ...
+    def ask(self, slot: Any, instance: Instance, server_id: Any, method: str, params: dict[str, Any]) -> None: ...
 
 
 def _tool_spec(raw: Any) -> wire.ToolSpec:
@@ -205,7 +212,7 @@ class Instance:
                 runner.nursery.start_soon(self._read_loop)
                 runner.nursery.start_soon(self._pump_stderr)
                 init = await self.request("initialize", {
-                    "protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+                    "protocolVersion": PROTOCOL_VERSION, "capabilities": CLIENT_CAPABILITIES,
                     "clientInfo": {"name": "toolcell", "version": _version()}})
                 self._check_initialize(init)
                 self.notify("notifications/initialized", None)
@@ -538,8 +545,22 @@ class Instance:
             return
         if method == "ping":
             self.send({"jsonrpc": "2.0", "id": request_id, "result": {}})
+        elif method in wire.INPUT_METHODS:
+            running = list(self.pending.values())
+            params = msg.get("params")
+            if len(running) != 1 or not isinstance(params, dict):
+                # stdio carries no link from a server's request to a call: only one call can own it.
+                self.send({"jsonrpc": "2.0", "id": request_id, "error": {
+                    "code": -32603, "message": "toolcell cannot tell which call this request belongs to"}})
+                return
+            params = {k: v for k, v in params.items() if k != "_meta"}
+            try:
+                worker_frames.check_value(params, f"the params of {method}")
+            except FrameRejected as exc:
+                self.send({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32602, "message": str(exc)}})
+                return
+            self.runner.ask(running[0], self, request_id, method, params)
         else:
-            # toolcell offers hosted servers no client capabilities (roots, sampling, elicitation) yet.
             self.send({"jsonrpc": "2.0", "id": request_id,
                        "error": {"code": -32601, "message": f"Method not found: {method[:100]}"}})
 

@@ -16,7 +16,9 @@ import uuid
 
 TOOLS = ["read_file", "write_file", "tcp_connect", "unix_connect", "fork_bomb", "memory_bomb", "flood_stdout",
          "garbage_lines", "deep_result", "huge_line", "bad_result", "log_flood", "sleepy", "hang", "echo",
-         "add_tool", "whoami", "ptrace_parent", "cancels"]
+         "add_tool", "whoami", "ptrace_parent", "cancels", "ask_user"]
+#: Our requests to the client (toolcell) awaiting its response: id -> [event, response].
+ASKED = {}
 #: ``requestId``s of the ``notifications/cancelled`` the client (toolcell) sent.
 CANCELLED = []
 EXTRA = []
@@ -44,7 +46,20 @@ def tool(name):
             "inputSchema": {"type": "object", "additionalProperties": True}}
 
 
+def ask_client(method, params):
+    """A request to our client (toolcell), as a server asks during a call; its response message."""
+    request_id = f"srv-{uuid.uuid4().hex[:8]}"
+    ASKED[request_id] = [threading.Event(), None]
+    send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+    ASKED[request_id][0].wait(30)
+    return ASKED.pop(request_id)[1]
+
+
 def run(name, args, request_id):
+    if name == "ask_user":
+        answer = ask_client("elicitation/create", {"message": "Your name?", "requestedSchema": {
+            "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}})
+        return text(json.dumps(answer))
     if name == "echo":
         return text(str(args.get("text", "")))
     if name == "cancels":
@@ -145,6 +160,10 @@ def run(name, args, request_id):
 
 def handle(msg):
     method, request_id = msg.get("method"), msg.get("id")
+    if method is None and request_id in ASKED:  # the client answers one of our requests
+        ASKED[request_id][1] = msg
+        ASKED[request_id][0].set()
+        return
     if method == "initialize":
         send({"jsonrpc": "2.0", "id": request_id, "result": {
             "protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {"listChanged": True}},
@@ -168,7 +187,7 @@ def handle(msg):
                 result = {"content": [{"type": "text", "text": f"{type(exc).__name__}: {exc}"}], "isError": True}
             send({"jsonrpc": "2.0", "id": request_id, "result": result})
 
-        if name in ("sleepy", "echo"):
+        if name in ("sleepy", "echo", "ask_user"):
             threading.Thread(target=work, daemon=True).start()
         else:
             work()

@@ -14,7 +14,7 @@ import pytest
 from runtime import approvals
 from runtime.imports import ImportProblem, plugin_name, read_client_config, translate
 from runtime.manifest import Manifest, check_manifest
-from runtime.server_spec import ServerSpec, check_requirements, parse_package
+from runtime.server_spec import check_requirements, parse_package
 
 
 @pytest.mark.parametrize("spec, expected", [
