@@ -58,7 +58,9 @@ class CallDispatcher:
         started = time.perf_counter()
 
         def done(slot: Any) -> None:
-            self._release()
+            self.inflight -= 1
+            if not self.inflight and self._idle is not None:
+                self._idle.set()
             try:
                 outcome = self._finish(call, slot, principal, started)
             except Exception as exc:  # our bug: the call is answered -32603 rather than left hanging

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, assert_never
 
+import msgspec
 import trio
 
 from runtime.daemon import Daemon
@@ -44,6 +45,7 @@ from runtime.protocol.core import (
     Batch,
     Cancel,
     ClientResponse,
+    Completed,
     ConnState,
     Listen,
     Outcome,
@@ -77,8 +79,7 @@ class LineSink:
 # -- what dispatching an action came to (for the transport) ----------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Answered:
+class Answered(msgspec.Struct, frozen=True):
     """Answer now with ``data`` (``None``: a notification was taken, nothing to send)."""
 
     data: bytes | None
@@ -88,29 +89,25 @@ class Answered:
     error: McpError | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Started:
+class Started(msgspec.Struct, frozen=True):
     """A call is running; its sink gets the notifications and, once, the answer."""
 
     call: ToolCall
 
 
-@dataclass(frozen=True, slots=True)
-class Subscribed:
+class Subscribed(msgspec.Struct, frozen=True):
     """A listen subscription is open; its sink got the acknowledgement and gets the events."""
 
     listen: Listen
 
 
-@dataclass(frozen=True, slots=True)
-class BatchStarted:
+class BatchStarted(msgspec.Struct, frozen=True):
     """A batch must be run: ``await Connection.run_batch(batch)`` gives its one answer."""
 
     batch: Batch
 
 
-@dataclass(frozen=True, slots=True)
-class Deferred:
+class Deferred(msgspec.Struct, frozen=True):
     """An answer that takes a trip to the task store (creating a task, a tasks/* request):
     ``await work()`` gives the bytes to send and the JSON-RPC error code, if it is an error."""
 
@@ -189,7 +186,7 @@ class Connection:
     def receive(self, data: bytes | memoryview) -> Action:
         """Decode and handle one raw message (or batch)."""
         try:
-            return self.core.receive(self.state, data, self.catalog())
+            return self.core.receive(self.state, data, self.catalog_view() if self.catalog_view is not None else None)
         except Exception as exc:  # our bug: answer -32603, log it, keep serving everyone else
             return self._internal_error(exc)
 
@@ -222,6 +219,12 @@ class Connection:
         """Apply the conversation's rules to one action; ``sink`` is where its messages go. Our bug
         while doing so answers that request -32603 and nothing else."""
         try:
+            if (type(action) is ToolCall and not action.task_mode and action.request_state is None
+                    and action.input_responses is None and self.admit is None and not self.draining
+                    and action.request_id not in self.inflight):
+                # The hot path (a plain call on stdio): the rules below, without the pattern machinery.
+                self.start(action, sink)
+                return Started(action)
             return self._dispatch(action, sink)
         except Exception as exc:  # our bug: this request fails, the connection and the daemon go on
             reply = self._internal_error(exc)
@@ -304,15 +307,8 @@ class Connection:
             self.inflight[call.request_id] = running
             if self._idle.is_set():
                 self._idle = trio.Event()
-
-        def on_frame(frame: Any) -> None:
-            running.owner.call_frame(running, frame)
-
-        def on_outcome(outcome: Outcome) -> None:
-            running.owner.call_outcome(running, outcome)
-
-        running.handle = self.calls.start(call, self.principal, on_frame, on_outcome)
-        if owner is None and call.task_mode == "after" and self.tasks is not None:
+        running.handle = self.calls.start(call, self.principal, running.frame, running.outcome)
+        if call.task_mode and owner is None and self.tasks is not None:
             self.tasks.promote_later(self, running, call.task_after_ms)
         return running
 
@@ -349,11 +345,19 @@ class Connection:
 
     def call_outcome(self, running: RunningCall, outcome: Outcome) -> None:
         call = running.call
-        if self.inflight.get(call.request_id) is running:
-            del self.inflight[call.request_id]
-            self._forget_questions(running)
-            running.sink.done(self.answer(call, outcome), self.core.error_code(call, outcome))
-        if not self.inflight:
+        inflight = self.inflight
+        if inflight.get(call.request_id) is running:
+            del inflight[call.request_id]
+            if running.round is not None:
+                self._forget_questions(running)
+            entry = call.entry
+            data, bug = self.core.answer(call, outcome, entry.runner.limits.max_output_bytes)
+            if bug is not None:
+                log("plugin_bug", level="error", tool=entry.name, plugin=entry.plugin, problem=bug)
+            code = None if type(outcome) is Completed and outcome.result.is_error is False else \
+                self.core.error_code(call, outcome)
+            running.sink.done(data, code)
+        if not inflight:
             self._idle.set()
 
     def answer(self, call: ToolCall, outcome: Outcome) -> bytes:

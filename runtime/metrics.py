@@ -23,6 +23,9 @@ class Metrics:
     def __init__(self, daemon: Daemon) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
+        from runtime.workers import PHASES
+
+        PHASES.on = True  # the pools time calls by phase from now on (toolcell_call_phase_*)
         self.daemon = daemon
         self.apps: list[Any] = []
         self.registry = CollectorRegistry(auto_describe=True)

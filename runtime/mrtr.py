@@ -32,6 +32,8 @@ import stat
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
+
 from runtime.logs import log
 from runtime.protocol import eras
 from runtime.protocol.core import Outcome, ToolCall
@@ -275,7 +277,5 @@ class Mrtr:
 
 def _resumed_call(parked: ToolCall, retry: ToolCall) -> ToolCall:
     """The parked call, now answering the retry's request (its id, its progress token and log level)."""
-    from dataclasses import replace
-
-    return replace(parked, id_bytes=retry.id_bytes, request_id=retry.request_id, progress_token=retry.progress_token,
+    return msgspec.structs.replace(parked, id_bytes=retry.id_bytes, request_id=retry.request_id, progress_token=retry.progress_token,
                    log_level=retry.log_level, client_caps=retry.client_caps)

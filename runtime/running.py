@@ -59,3 +59,11 @@ class RunningCall:
     given: dict[str, Any] | None = None
     partial: list[wire.InputResponse] | None = None
     open: list[wire.InputRequest] | None = None
+
+    def frame(self, frame: Any) -> None:
+        """The pool's callback for a frame of the call: to whoever owns it now."""
+        self.owner.call_frame(self, frame)
+
+    def outcome(self, outcome: Outcome) -> None:
+        """The pool's callback for how the call ended: to whoever owns it now."""
+        self.owner.call_outcome(self, outcome)

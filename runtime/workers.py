@@ -65,6 +65,16 @@ START_TIMEOUT_S = 20.0
 BATCH_MAX = 32
 
 
+class _Phases:
+    """Whether calls are timed by phase (queue, channel, worker): only while metrics are exported
+    (``runtime.metrics`` turns it on), so that the hot path pays nothing for it otherwise."""
+
+    on = False
+
+
+PHASES = _Phases()
+
+
 class PluginLoadError(Exception):
     """The plugin's first worker could not start or load the plugin."""
 
@@ -222,9 +232,12 @@ class Slot:
         if self.finished:
             return
         self.finished = True
+        # Dropped once used: the callbacks belong to whoever owns the call (a ``RunningCall``, which
+        # holds this slot), and a cycle between them would leave both to the cyclic collector.
+        on_done, self.on_done, self.on_event = self.on_done, None, None
         try:
-            if self.on_done is not None:
-                self.on_done(self)
+            if on_done is not None:
+                on_done(self)
         except Exception as exc:  # our bug; the pool must keep running
             log("internal_error", level="error", where="call completion", error=f"{type(exc).__name__}: {exc}")
         if self.event is not None:
@@ -434,7 +447,8 @@ class WorkerPool:
             slot.finish()
 
     def _start_deadline(self, slot: Slot) -> None:
-        slot.started_at = time.perf_counter()
+        if PHASES.on:
+            slot.started_at = time.perf_counter()
         slot.deadline = trio.current_time() + self.limits.timeout_s
         if slot.deadline < self._watch_at:
             self._watch_wake.set()
@@ -512,7 +526,8 @@ class WorkerPool:
         # queue or batched behind a running call on a worker) and is bounded by max_queue.
         if self.in_flight >= len(self.workers) + self.limits.max_queue:
             raise PoolBusy(f"plugin {self.name} is busy ({self.limits.max_queue} calls waiting); retry later")
-        slot.queued_at = time.perf_counter()
+        if PHASES.on:
+            slot.queued_at = time.perf_counter()
         if self.idle:
             self.in_flight += 1
             self.queue.append(slot)
@@ -698,7 +713,8 @@ class WorkerPool:
                         pending.popleft()
                         head.result = msg
                         worker.calls += 1
-                        self._account(head, msg.run_ns)
+                        if PHASES.on:
+                            self._account(head, msg.run_ns)
                         self._complete(head)
                         if msg.retire is not None:
                             # Calls sent after this one never run there: back to the pool's queue.

@@ -130,7 +130,7 @@ def embedded_blob(uri: str, data: bytes | str, mime_type: str = "application/oct
 class CallContext:
     """The call being run. The worker installs one per call; ``current()`` returns it."""
 
-    __slots__ = ("call_id", "_send", "_want_progress", "_log_level", "_last_progress", "_asker")
+    __slots__ = ("call_id", "_send", "_want_progress", "_log_level", "_last_progress", "_exchange", "_asker_")
 
     def __init__(self, call_id: int, send: Callable[[Any], None], want_progress: bool, log_level: int,
                  exchange: Callable[[list[Any]], list[Any]] | None = None) -> None:
@@ -139,7 +139,15 @@ class CallContext:
         self._want_progress = want_progress
         self._log_level = log_level
         self._last_progress: float | None = None
-        self._asker = asking.Asker(exchange)
+        self._exchange = exchange
+        self._asker_: asking.Asker | None = None
+
+    @property
+    def _asker(self) -> asking.Asker:
+        """Made at the first question (most calls ask nothing)."""
+        if self._asker_ is None:
+            self._asker_ = asking.Asker(self._exchange)
+        return self._asker_
 
     def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress. Sent only if the client asked for it; must increase."""

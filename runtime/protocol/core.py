@@ -15,7 +15,7 @@ How this works:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, assert_never
 
 import msgspec
@@ -123,8 +123,7 @@ class ConnState:
     client_capabilities: Any = None
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(msgspec.Struct, frozen=True):
     """One message read once: its params decoded for its method and its era chosen (``Core.parse``).
     ``early`` is the action when it cannot be run as a request (an error to answer, or a client's
     response to a request of ours); then the other fields may be empty."""
@@ -145,8 +144,7 @@ class Request:
 # -- actions: what the core asks the connection to do ------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(msgspec.Struct, frozen=True):
     data: bytes | None  # None: a notification was accepted, nothing to send
     error_code: int | None = None
     modern: bool = False
@@ -176,8 +174,7 @@ class _NameOnly(msgspec.Struct):
 _name_only = msgspec.json.Decoder(_NameOnly)
 
 
-@dataclass(frozen=True, eq=False, slots=True)
-class ToolCall:
+class ToolCall(msgspec.Struct, frozen=True, eq=False):
     id_bytes: bytes
     request_id: Any
     entry: ToolEntry
@@ -197,13 +194,11 @@ class ToolCall:
     task_after_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Cancel:
+class Cancel(msgspec.Struct, frozen=True):
     request_id: Any
 
 
-@dataclass(frozen=True, slots=True)
-class Listen:
+class Listen(msgspec.Struct, frozen=True):
     id_bytes: bytes
     request_id: Any
     tools_list_changed: bool
@@ -212,13 +207,11 @@ class Listen:
     task_ids: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
+class Batch(msgspec.Struct, frozen=True):
     actions: tuple[Action, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class ClientResponse:
+class ClientResponse(msgspec.Struct, frozen=True):
     """The client's answer to a request of ours (``result`` or ``error``, raw JSON)."""
 
     request_id: Any
@@ -226,8 +219,7 @@ class ClientResponse:
     error: msgspec.Raw | None
 
 
-@dataclass(frozen=True, slots=True)
-class TaskRequest:
+class TaskRequest(msgspec.Struct, frozen=True):
     """``tasks/get``, ``tasks/result``, ``tasks/list``, ``tasks/cancel`` or ``tasks/update`` (the
     connection answers it from the task store: ``runtime.tasks``)."""
 
@@ -248,29 +240,25 @@ Action = Reply | ToolCall | Cancel | Listen | Batch | ClientResponse | TaskReque
 # -- outcomes: how a call ended (``runtime.calls``), turned into bytes by ``Core.answer`` -------------
 
 
-@dataclass(frozen=True, slots=True)
-class Completed:
+class Completed(msgspec.Struct, frozen=True):
     """The worker returned a result (the tool may still have reported ``isError``)."""
 
     result: wire.Result
 
 
-@dataclass(frozen=True, slots=True)
-class Failed:
+class Failed(msgspec.Struct, frozen=True):
     """The worker could not finish the call: a limit fired, it crashed, it sent garbage."""
 
     failure: WorkerFailure
 
 
-@dataclass(frozen=True, slots=True)
-class Refused:
+class Refused(msgspec.Struct, frozen=True):
     """The call never ran: busy, arguments a worker cannot take, our bug."""
 
     error: McpError
 
 
-@dataclass(frozen=True, slots=True)
-class Stopped:
+class Stopped(msgspec.Struct, frozen=True):
     """Shutdown's grace ended while the call ran."""
 
     reason: str
@@ -334,7 +322,9 @@ class Core:
             env = rpc.decode_envelope(data)
         except McpError as exc:
             return self._error(state, None, exc, modern=False)
-        return self.handle_decoded(state, env, catalog)
+        if isinstance(env, list):
+            return self._batch(state, env, catalog)
+        return self.run(state, self.parse(state, env), catalog)
 
     def handle_decoded(self, state: ConnState, env: rpc.Envelope | list[msgspec.Raw],
                        catalog: Catalog | None = None) -> Action:
@@ -380,7 +370,7 @@ class Core:
         except McpError as exc:
             reply = self._error(state, env.id, exc, modern=False)
             if method == "tools/call":
-                reply = replace(reply, refused=(requested_tool(env.params), _refusal(reply.error_code)))
+                reply = msgspec.structs.replace(reply, refused=(requested_tool(env.params), _refusal(reply.error_code)))
             return Request(env, method, True, early=reply)
         modern = method == "server/discover" or (meta is not None and eras.META_VERSION in meta)
         return Request(env, method, True, params, meta, modern)
@@ -401,13 +391,15 @@ class Core:
                 action = self._legacy(state, env, id_bytes, req.method, req.params, req.meta, catalog)
         except McpError as exc:
             action = self._error(state, env.id, exc, modern=req.modern)
-        return self._refused_call(env, action)
+        if type(action) is Reply:
+            return self._refused_call(env, action)
+        return action
 
     @staticmethod
     def _refused_call(env: rpc.Envelope, action: Action) -> Action:
         """A ``tools/call`` answered without running carries what it asked for (the audit log's)."""
         if env.method == "tools/call" and type(action) is Reply and action.refused is None:
-            return replace(action, refused=(requested_tool(env.params), _refusal(action.error_code)))
+            return msgspec.structs.replace(action, refused=(requested_tool(env.params), _refusal(action.error_code)))
         return action
 
     # -- legacy era ----------------------------------------------------------------------------
@@ -571,7 +563,10 @@ class Core:
             state_text = params.requestState
             if state_text is not None and not isinstance(state_text, str):
                 raise InvalidParams("Invalid params: requestState must be the string the server sent")
-        task_mode, task_ttl_ms, task_after_ms = self._task_wish(entry, params, version, modern, client_caps)
+        if entry.checked.spec.task_support == "forbidden" and (modern or params.task is None):
+            task_mode, task_ttl_ms, task_after_ms = "", None, 0  # the common case: never a task
+        else:
+            task_mode, task_ttl_ms, task_after_ms = self._task_wish(entry, params, version, modern, client_caps)
         call = ToolCall(id_bytes, env.id, entry, args, version, token, log_level, modern,
                         client_caps if isinstance(client_caps, dict) else None, responses, state_text,
                         task_mode, task_ttl_ms, task_after_ms)
@@ -783,6 +778,10 @@ class Core:
 
     def answer(self, call: ToolCall, outcome: Outcome, max_output_bytes: int) -> tuple[bytes, str | None]:
         """The response for a call's outcome, and a plugin-bug description for the log (or None)."""
+        if type(outcome) is Completed:  # the common case first, without the pattern machinery
+            result = outcome.result
+            if result.missing_capability is None and result.request_error is None:
+                return self.call_result(call, result, max_output_bytes)
         match outcome:
             case Completed(result) if result.missing_capability is not None and call.modern:
                 return self.call_error(call, self._missing_capability(call, result.missing_capability)), None
