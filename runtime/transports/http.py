@@ -108,6 +108,8 @@ class HttpApp:
         self.status_counts: dict[int, int] = {}
         self.rate_limited = {"principal": 0, "tool": 0}
         self.audit: Any = None  # an AuditLog, for calls refused before they reach a pool
+        #: trio's clock when the request being read arrived (limits of one request share one reading).
+        self._now = 0.0
         #: Calls in their quick wait, oldest first, with the time it ends (see ``wake_slow_calls``).
         self._quick: collections.deque[tuple[float, CallBox]] = collections.deque()
         self._quick_lot = trio.lowlevel.ParkingLot()
@@ -243,8 +245,10 @@ class HttpApp:
         if isinstance(env, rpc.Envelope) and rpc.valid_id(env.id):
             id_bytes = rpc.encode_id(env.id)
         rate = principal.rate or self.cfg.principal_rate
+        # One reading of the clock for this request's limits (a tool's limit is taken in this same tick).
+        self._now = now = trio.current_time()
         if rate is not None:
-            wait = self.limiter.take(("principal", principal.name), rate, trio.current_time())
+            wait = self.limiter.take(("principal", principal.name), rate, now)
             if wait > 0:
                 self.rate_limited["principal"] += 1
                 self._audit_refused(env, principal, "rate_limited")
@@ -255,12 +259,13 @@ class HttpApp:
         version = headers.get(b"mcp-protocol-version")
         if req.modern or (version is not None and version.strip() in _MODERN_HEADER_VALUES):
             return await self._modern(r, headers, principal, req, id_bytes, can_sse, receive)
-        return await self._legacy(r, headers, principal, env, id_bytes, can_sse, receive)
+        return await self._legacy(r, headers, principal, env, id_bytes, can_sse, receive, req)
 
     def _connection(self, principal: Principal, state: ConnState | None = None,
                     push: Callable[[bytes], None] | None = None) -> Connection:
+        limited = self.cfg.tool_rate is not None or bool(self.cfg.tool_rates)
         return Connection(self.daemon, state, principal.name, push=push,
-                          admit=lambda call: self._tool_limited(call, principal),
+                          admit=(lambda call: self._tool_limited(call, principal)) if limited else None,
                           catalog_view=lambda: principal.catalog(self.daemon.catalog))
 
     async def _answer(self, r: Responder, done: Dispatched, modern: bool) -> None:
@@ -370,17 +375,20 @@ class HttpApp:
         return session
 
     async def _legacy(self, r: Responder, headers: RequestHeaders, principal: Principal, env: rpc.Envelope,
-                      id_bytes: bytes | None, can_sse: bool, receive: Receive) -> None:
+                      id_bytes: bytes | None, can_sse: bool, receive: Receive, req: Request | None = None) -> None:
         if headers.get(b"mcp-session-id") is None and env.method == "initialize" and env.id is not msgspec.UNSET:
             return await self._initialize(r, principal, env)
         session = self._session_or_refusal(headers, principal, id_bytes)
         if isinstance(session, McpError):
             return await self._refuse(r, session, id_bytes, modern=False)
         conn = session.conn
-        session.busy += 1
-        session.last_seen = trio.current_time()
+        session.busy += 1  # a busy session never expires: last_seen is set when the request ends
         try:
-            action = conn.run(conn.parse(env))
+            # Read once: the era choice already parsed it; only an early answer (an error, whose id
+            # rule depends on the session's revision) is worded again for this session.
+            if req is None or req.early is not None:
+                req = conn.parse(env)
+            action = conn.run(req)
             if type(action) is ToolCall:
                 return await self._call(r, conn, action, can_sse, receive, session)
             if type(action) is TaskRequest:
@@ -457,7 +465,7 @@ class HttpApp:
         rate = cfg.tool_rates.get(call.entry.name) or cfg.tool_rate
         if rate is None:
             return None
-        wait = self.limiter.take(("tool", call.entry.name), rate, trio.current_time())
+        wait = self.limiter.take(("tool", call.entry.name), rate, self._now)
         if wait <= 0:
             return None
         self.rate_limited["tool"] += 1
