@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,25 +62,39 @@ class Conversation(Protocol):
 
 def load_state_key(path: str) -> bytes:
     """The daemon's ``requestState`` key: 32 random bytes in ``path`` (created 0600 on first use).
-    Daemons behind one balancer share the file (``state_key_file`` in the config)."""
-    try:
-        with open(path, "rb") as f:
-            info = os.fstat(f.fileno())
-            if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise ValueError(f"{path}: the requestState key must not be readable by others (chmod 600)")
-            key = f.read(4096)
-        if len(key) < 16:
-            raise ValueError(f"{path}: a requestState key needs at least 16 bytes")
-        return key
-    except FileNotFoundError:
-        pass
-    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-    key = secrets.token_bytes(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, key)
-    finally:
-        os.close(fd)
+    Daemons behind one balancer share the file (``state_key_file`` in the config). Daemons starting
+    together on a fresh state dir agree on one key: it is written aside, then linked into place, and
+    whoever loses that race reads the winner's."""
+    for _ in range(3):
+        try:
+            return _read_key(path)
+        except FileNotFoundError:
+            pass
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".request-state-", dir=os.path.dirname(path) or ".")
+        try:
+            os.write(fd, secrets.token_bytes(32))
+            os.fchmod(fd, 0o600)
+            os.close(fd)
+            os.link(tmp, path)  # atomic, and never replaces a key another daemon put there first
+        except FileExistsError:
+            pass
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return _read_key(path)
+
+
+def _read_key(path: str) -> bytes:
+    with open(path, "rb") as f:
+        info = os.fstat(f.fileno())
+        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ValueError(f"{path}: the requestState key must not be readable by others (chmod 600)")
+        key = f.read(4096)
+    if len(key) < 16:
+        raise ValueError(f"{path}: a requestState key needs at least 16 bytes")
     return key
 
 

@@ -158,10 +158,20 @@ def sweep_orphans() -> int:
     return swept
 
 
+def _sigchld_seen(signum: int, frame: Any) -> None:
+    """SIGCHLD outside the reaper's receiver: nothing to do (the reaper sweeps on its interval)."""
+
+
 async def serve_reaper(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Reap adopted children whenever one may have died (SIGCHLD), at most every 50 ms, and every
     ``REAP_INTERVAL_S`` in any case (a signal may be missed while another sweep runs)."""
     try:
+        if signal.getsignal(signal.SIGCHLD) in (signal.SIG_DFL, None):
+            # A Python-level handler that does nothing is what trio restores when the receiver
+            # closes: a SIGCHLD that the C handler took just before then is then harmless, where
+            # with SIG_DFL CPython raises "Signal 17 ignored due to race condition" in whatever
+            # code runs next (an embedded daemon's host, a test).
+            signal.signal(signal.SIGCHLD, _sigchld_seen)
         receiver = trio.open_signal_receiver(signal.SIGCHLD)
         signals: Any = receiver.__enter__()
     except (RuntimeError, ValueError):  # not in the main thread (embedded): poll only

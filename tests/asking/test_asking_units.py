@@ -4,6 +4,8 @@ trio's virtual clock (a fake worker on a socketpair)."""
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Iterator
 
 import base64
@@ -588,3 +590,23 @@ def test_the_daemon_accepts_a_full_round_of_questions() -> None:
 
     check_ask(wire.Ask(1, [wire.InputRequest(f"k{i}", "roots/list", {}) for i in range(16)]))
     check_ask(wire.Ask(1, [wire.InputRequest("x" * 64, "elicitation/create", FORM)]))
+
+
+def test_daemons_starting_together_on_a_fresh_state_dir_agree_on_one_request_state_key(tmp_path: Path) -> None:
+    import threading
+
+    from runtime.mrtr import load_state_key
+
+    path = tmp_path / "state" / "request-state.key"
+    keys: list[bytes] = []
+    threads = [threading.Thread(target=lambda: keys.append(load_state_key(str(path)))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(keys) == 8 and len(set(keys)) == 1 and len(keys[0]) == 32
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.listdir(path.parent) == ["request-state.key"]  # no temporary file left behind
+    os.chmod(path, 0o644)
+    with pytest.raises(ValueError, match="must not be readable by others"):
+        load_state_key(str(path))
