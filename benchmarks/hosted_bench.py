@@ -1,6 +1,7 @@
 """Hosted servers: ``@modelcontextprotocol/server-everything``'s ``echo`` called directly vs through toolcell.
 
-Same load client (``loadgen``: C calls in flight on one stdio pipe), same run, servers interleaved:
+Same load client (the ``toolcell bench`` engine: C calls in flight on one stdio pipe, every answer
+checked, HDR histograms), same run, servers interleaved:
 
 * ``direct``: ``node server-everything stdio``, no sandbox, the client speaks to it itself;
 * ``toolcell x1``: ``toolcell serve --stdio`` (default strict policy) hosting it as a plugin of kind
@@ -32,7 +33,7 @@ import trio
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import loadgen  # noqa: E402
+import subprocess  # noqa: E402
 import report  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,6 +54,13 @@ def plugin(root: Path, name: str, instances: int, per_instance: int) -> Path:
     return root / name
 
 
+class Measured:
+    """One target at one concurrency: the median run of the bench's repeats."""
+
+    def __init__(self, calls_per_s: float, p50_ms: float, p99_ms: float, errors: int) -> None:
+        self.calls_per_s, self.p50_ms, self.p99_ms, self.errors = calls_per_s, p50_ms, p99_ms, errors
+
+
 def targets(root: Path, instances: int) -> dict[str, list[str]]:
     config = root / "toolcell.toml"
     config.write_text(f'state_dir = {json.dumps(str(root / "state"))}\n')
@@ -60,8 +68,8 @@ def targets(root: Path, instances: int) -> dict[str, list[str]]:
              "--log-level", "warning", "--plugins"]
     return {
         "direct": [str(NODE), str(EVERYTHING), "stdio"],
-        "toolcell x1": [*serve, str(plugin(root, "one", 1, 16))],
-        f"toolcell x{instances}": [*serve, str(plugin(root, "many", instances, max(1, 16 // instances)))],
+        "toolcell-x1": [*serve, str(plugin(root, "one", 1, 16))],
+        f"toolcell-x{instances}": [*serve, str(plugin(root, "many", instances, max(1, 16 // instances)))],
     }
 
 
@@ -134,15 +142,21 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         root.chmod(0o755)
         servers = targets(root, args.instances)
-        for c in conc:
-            for r in range(args.repeat):
-                for name, cmd in servers.items():
-                    config = loadgen.LoadConfig(tool="echo", arguments={"message": "hello"}, concurrency=c,
-                                                seconds=args.seconds)
-                    res = loadgen.measure(cmd, config, cwd=str(REPO))
-                    results.setdefault((name, c), []).append(res)
-                    print(f"{name:>14} c={c:<3} run {r + 1}: {res.calls_per_s:9,.0f} calls/s  p50 {res.p50_ms:7.3f} ms"
-                          f"  p99 {res.p99_ms:7.3f} ms  errors {res.errors}", file=sys.stderr)
+        out = root / "bench.json"
+        # One `toolcell bench` run: the targets interleaved per step and repeat (A B C A B C ...).
+        argv = [sys.executable, "-m", "runtime.cli", "bench", "--tool", "echo", "--args", '{"message": "hello"}',
+                "-c", ",".join(map(str, conc)), "-d", str(args.seconds), "--repeat", str(args.repeat),
+                "--no-ceiling", "--no-phases", "-q", "--json", str(out)]
+        argv += [f"{name}=stdio:{subprocess.list2cmdline(cmd)}" for name, cmd in servers.items()]
+        done = subprocess.run(argv, cwd=str(REPO), capture_output=True, text=True, timeout=3600)
+        if done.returncode not in (0, 1) or not out.exists():
+            print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
+            return 2
+        for row in json.loads(out.read_text())["summary"]:
+            c = int(str(row["step"]).removeprefix("c="))
+            results.setdefault((row["target"], c), []).append(Measured(
+                row["calls_per_s"], row["latency"]["p50_ms"], row["latency"]["p99_ms"],
+                int(sum(row["errors"].values()))))
         starts = trio.run(startups, root, args.starts)
     env["loadavg_after"] = os.getloadavg()
     rows = []
