@@ -96,6 +96,8 @@ def _clean(text: str, limit: int = 2000) -> str:
 
 def _installer_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "UV_PYTHON"))}
+    # The machine's own trust store (an organisation's CA, a registry mirror's), not only uv's bundled roots.
+    env.setdefault("UV_SYSTEM_CERTS", "1")
     env["npm_config_ignore_scripts"] = "true"
     env["npm_config_fund"] = "false"
     env["npm_config_audit"] = "false"
