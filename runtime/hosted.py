@@ -370,22 +370,9 @@ class HostedRunner:
             return
         if slot.on_event is None:
             return
-        limits = self.limits
-        if size > limits.max_notification_bytes:
-            if type(frame) is wire.Log:
-                frame = worker_frames.truncate_log(frame, size, limits.max_notification_bytes)
-            else:
-                frame = worker_frames.truncate_progress(frame, limits.max_notification_bytes)
-            size = limits.max_notification_bytes
-        if slot.notes >= limits.max_notifications or slot.note_bytes + size > limits.max_output_bytes:
-            if not slot.notes_dropped:
-                log("notification_budget_exhausted", level="warning", plugin=self.name, tool=slot.tool,
-                    relayed=slot.notes, note="later progress/log notifications of this call are dropped")
-            slot.notes_dropped += 1
-            return
-        slot.notes += 1
-        slot.note_bytes += size
-        slot.on_event(frame)
+        frame = worker_frames.within_budget(slot, frame, size, self.limits, self.name, slot.tool)
+        if frame is not None:
+            slot.on_event(frame)
 
     def tools_listed(self, tools: list[wire.ToolSpec]) -> None:
         if tools == self.tools:

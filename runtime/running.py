@@ -30,6 +30,23 @@ class Sink(Protocol):
         """The request was cancelled: nothing more comes."""
 
 
+class _Nowhere:
+    """A sink whose messages go nowhere: an action that sends nothing later (a reply, a cancel), or a
+    call that became a task (its client polls instead)."""
+
+    def emit(self, data: bytes) -> None:
+        pass
+
+    def done(self, data: bytes, error_code: int | None = None) -> None:
+        pass
+
+    def cancelled(self) -> None:
+        pass
+
+
+NOWHERE: Sink = _Nowhere()
+
+
 class CallOwner(Protocol):
     """Whoever a running call reports to: the connection whose request it answers, or, while it
     waits for something other than a request, ``runtime.mrtr.Parking`` or a task."""

@@ -41,7 +41,7 @@ from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.core import Core, Outcome, TaskRequest, ToolCall
 from runtime.protocol.errors import InvalidParams, McpError, ServerBusy
 from runtime.protocol.task_shapes import TaskView
-from runtime.running import RunningCall, Sink
+from runtime.running import NOWHERE, RunningCall, Sink
 from runtime.task_store import (
     TaskCapReached,
     TaskRecord,
@@ -89,17 +89,6 @@ class _PushSink:
 
     def done(self, data: bytes, error_code: int | None = None) -> None:
         self.emit(data)
-
-    def cancelled(self) -> None:
-        pass
-
-
-class _NoSink:
-    def emit(self, data: bytes) -> None:
-        pass
-
-    def done(self, data: bytes, error_code: int | None = None) -> None:
-        pass
 
     def cancelled(self) -> None:
         pass
@@ -310,7 +299,7 @@ class TaskManager:
         run = TaskRun(self, record, call, principal)
         run.status_push = conn.push if not call.modern else None
         self.running[record.task_id] = run
-        run.running = conn.start(call, _NoSink(), None, owner=run)
+        run.running = conn.start(call, NOWHERE, None, owner=run)
         log("task_created", task=record.task_id, tool=call.entry.name, principal=principal, era=record.era)
         return self.core.task_created(call, _view(record)), None
 
@@ -341,7 +330,7 @@ class TaskManager:
         conn.release(running)
         sink = running.sink
         running.owner = run
-        running.sink = _NoSink()
+        running.sink = NOWHERE
         sink.done(self.core.task_created(call, _view(record)))
         log("task_created", task=record.task_id, tool=call.entry.name, principal=principal, era=record.era,
             after_ms=after_ms)

@@ -144,3 +144,34 @@ def truncate_progress(msg: wire.Progress, cap: int) -> wire.Progress:
     if message is not None and len(message) > cap:
         message = message[: max(0, cap - 40)] + " [truncated by toolcell]"
     return wire.Progress(msg.id, msg.progress, msg.total, message)
+
+
+def within_budget(slot: Any, msg: Any, size: int, limits: wire.Limits, plugin: str, tool: str) -> Any:
+    """The progress/log frame to relay for a call (``slot`` counts what it relayed: ``notes``,
+    ``note_bytes``, ``notes_dropped``), or None when the call's budget is spent.
+
+    Budget (``Limits``): at most ``max_notifications`` notifications whose bytes, together, stay within
+    ``max_output_bytes``; one over ``max_notification_bytes`` is truncated. Beyond the budget
+    notifications are dropped (the reader keeps draining, so nothing piles up) and the log says so
+    once per call. Shared by worker pools and hosted servers."""
+    from runtime.logs import log
+
+    if size > limits.max_notification_bytes:
+        if type(msg) is wire.Log:
+            msg = truncate_log(msg, size, limits.max_notification_bytes)
+        else:
+            msg = truncate_progress(msg, limits.max_notification_bytes)
+        size = limits.max_notification_bytes
+        if not slot.notes_dropped and not slot.notes:
+            log("notification_truncated", level="warning", plugin=plugin, tool=tool,
+                limit_bytes=limits.max_notification_bytes)
+    if slot.notes >= limits.max_notifications or slot.note_bytes + size > limits.max_output_bytes:
+        if not slot.notes_dropped:
+            log("notification_budget_exhausted", level="warning", plugin=plugin, tool=tool, relayed=slot.notes,
+                relayed_bytes=slot.note_bytes, max_notifications=limits.max_notifications,
+                max_output_bytes=limits.max_output_bytes, note="later progress/log notifications of this call are dropped")
+        slot.notes_dropped += 1
+        return None
+    slot.notes += 1
+    slot.note_bytes += size
+    return msg

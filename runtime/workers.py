@@ -823,27 +823,9 @@ class WorkerPool:
             worker_frames.check_progress(msg)
         if slot.on_event is None:
             return
-        limits = self.limits
-        if size > limits.max_notification_bytes:
-            if type(msg) is wire.Log:
-                msg = worker_frames.truncate_log(msg, size, limits.max_notification_bytes)
-            else:
-                msg = worker_frames.truncate_progress(msg, limits.max_notification_bytes)
-            size = min(size, limits.max_notification_bytes)
-            if not slot.notes_dropped and not slot.notes:
-                log("notification_truncated", level="warning", plugin=self.name, tool=slot.call.tool,
-                    limit_bytes=limits.max_notification_bytes)
-        if slot.notes >= limits.max_notifications or slot.note_bytes + size > limits.max_output_bytes:
-            if not slot.notes_dropped:
-                log("notification_budget_exhausted", level="warning", plugin=self.name, tool=slot.call.tool,
-                    relayed=slot.notes, relayed_bytes=slot.note_bytes, max_notifications=limits.max_notifications,
-                    max_output_bytes=limits.max_output_bytes,
-                    note="later progress/log notifications of this call are dropped")
-            slot.notes_dropped += 1
-            return
-        slot.notes += 1
-        slot.note_bytes += size
-        slot.on_event(msg)
+        msg = worker_frames.within_budget(slot, msg, size, self.limits, self.name, slot.call.tool)
+        if msg is not None:
+            slot.on_event(msg)
 
     # -- teardown ------------------------------------------------------------------------------
 

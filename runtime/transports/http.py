@@ -36,6 +36,7 @@ from runtime.logs import log
 from runtime.protocol import eras
 from runtime.protocol import jsonrpc as rpc
 from runtime.connection import Answered, Connection, Deferred, Dispatched
+from runtime.running import NOWHERE
 from runtime.protocol.core import Batch, ConnState, Listen, Reply, Request, TaskRequest, ToolCall, requested_tool
 from runtime.protocol.errors import (
     HeaderMismatch,
@@ -336,7 +337,7 @@ class HttpApp:
             case Listen():
                 return await self._listen(r, conn, action, can_sse, receive)
             case _:
-                return await self._answer(r, conn.dispatch(action, _NOWHERE), modern=True)
+                return await self._answer(r, conn.dispatch(action, NOWHERE), modern=True)
 
     async def _listen(self, r: Responder, conn: Connection, listen: Listen, can_sse: bool, receive: Receive) -> None:
         if not can_sse:
@@ -395,7 +396,7 @@ class HttpApp:
                 # A 2025-11-25 tasks/result may ask the task's questions on its own stream.
                 box = CallBox(stream=can_sse)
                 return await self._streamed(r, conn.dispatch(action, box), box)
-            return await self._answer(r, conn.dispatch(action, _NOWHERE), modern=False)
+            return await self._answer(r, conn.dispatch(action, NOWHERE), modern=False)
         finally:
             session.busy -= 1
             session.last_seen = trio.current_time()
@@ -434,7 +435,7 @@ class HttpApp:
         try:
             action = conn.handle_batch(items)
             if type(action) is not Batch:  # the batch as a whole was refused
-                return await self._answer(r, conn.dispatch(action, _NOWHERE), modern=False)
+                return await self._answer(r, conn.dispatch(action, NOWHERE), modern=False)
             data = await conn.run_batch(action)
             if data is None:
                 return await r.body(202, b"", None)
@@ -693,19 +694,3 @@ class HttpApp:
     def close(self) -> None:
         for session in list(self.sessions.sessions.values()):
             self.sessions.remove(session)
-
-
-class _Nowhere:
-    """The sink of an action that sends nothing later (a reply, a cancel)."""
-
-    def emit(self, data: bytes) -> None:
-        pass
-
-    def done(self, data: bytes, error_code: int | None = None) -> None:
-        pass
-
-    def cancelled(self) -> None:
-        pass
-
-
-_NOWHERE = _Nowhere()
