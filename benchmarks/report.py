@@ -7,12 +7,18 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 from collections.abc import Sequence
 from importlib import metadata
 
 import msgspec
 
 from targets import REPO_ROOT, fastmcp_python
+
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # the engine (runtime.bench) from this checkout
+
+from runtime.bench.report import cpu_model  # noqa: E402
 
 from runtime.bench.procs import ProcMemory
 
@@ -105,24 +111,13 @@ def _git_commit() -> str | None:
     return head.stdout.strip() or None
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def environment() -> dict[str, object]:
     """Versions, CPU count and load average: everything to record beside the figures."""
     return {
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "nproc": len(os.sched_getaffinity(0)),
         "cpu_count": os.cpu_count(),
         "versions": {dist: _version(dist) for dist in ("trio", "msgspec", "mcp", "psutil", "toolcell")}

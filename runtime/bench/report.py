@@ -119,7 +119,8 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), for a report's environment."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -147,7 +148,7 @@ def environment() -> dict[str, Any]:
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cores": len(os.sched_getaffinity(0)),
         "cpu_count": os.cpu_count(),
         "versions": {d: v for d in dists if (v := _version(d)) is not None},
