@@ -6,7 +6,7 @@ Everything here talks raw ASGI (``scope``/``receive``/``send``); hypercorn does 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import trio
@@ -28,26 +28,31 @@ _PARAM_PREFIX = b"mcp-param-"
 
 
 class RequestHeaders:
-    """The request headers the transport looks at; repeated ones are joined with ``,``."""
+    """The request headers the transport looks at; repeated ones are joined with ``,``.
+
+    ``add`` takes one header line; toolcell's HTTP/1.1 server calls it while it parses (so the
+    lines are walked once), and the constructor does the same for a list (hypercorn, tests)."""
 
     __slots__ = ("h", "params", "size")
 
-    def __init__(self, raw: Headers) -> None:
-        h: dict[bytes, bytes] = {}
-        params: dict[bytes, bytes] = {}
-        size = 0
-        for name, value in raw:
-            size += len(name) + len(value) + 4
-            name = name.lower()
-            if name in _WANTED:
-                h[name] = h[name] + b"," + value if name in h else value
-            elif name.startswith(_PARAM_PREFIX):
-                key = name[len(_PARAM_PREFIX):]
-                params[key] = params[key] + b"," + value if key in params else value
-        self.h = h
-        self.params = params
+    def __init__(self, raw: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        self.h: dict[bytes, bytes] = {}
+        self.params: dict[bytes, bytes] = {}
         #: Bytes the header lines took on the wire (HTTP/1.1 framing), for the header cap.
-        self.size = size
+        self.size = 0
+        for name, value in raw:
+            self.add(name.lower(), value)
+
+    def add(self, name: bytes, value: bytes) -> None:
+        """One header line; ``name`` already lower-case."""
+        self.size += len(name) + len(value) + 4
+        if name in _WANTED:
+            h = self.h
+            h[name] = h[name] + b"," + value if name in h else value
+        elif name.startswith(_PARAM_PREFIX):
+            params = self.params
+            key = name[len(_PARAM_PREFIX):]
+            params[key] = params[key] + b"," + value if key in params else value
 
     def get(self, name: bytes) -> bytes | None:
         return self.h.get(name)
@@ -67,13 +72,21 @@ def error_body(id_bytes: bytes | None, code: int, message: str, data: Any = rpc.
     return rpc.error_response(id_bytes, code, message, data)
 
 
+#: A whole response with a length, sent in one call: ``respond(status, headers, body)``.
+Respond = Callable[[int, Headers, bytes], Awaitable[None]]
+
+
 class Responder:
-    """Sends one HTTP response: a plain body, or an SSE stream of events."""
+    """Sends one HTTP response: a plain body, or an SSE stream of events.
 
-    __slots__ = ("extra", "gone", "send", "sse", "started", "status")
+    ``respond``, when the server offers it (toolcell's HTTP/1.1 server does, as the
+    ``toolcell.respond`` scope extension), sends a whole response without the two ASGI messages."""
 
-    def __init__(self, send: Send, extra: Headers) -> None:
+    __slots__ = ("extra", "gone", "respond", "send", "sse", "started", "status")
+
+    def __init__(self, send: Send, extra: Headers, respond: Respond | None = None) -> None:
         self.send = send
+        self.respond = respond
         self.extra = extra  # CORS and session headers, added to every response
         self.started = False
         self.gone = False
@@ -100,6 +113,14 @@ class Responder:
         h.extend(self.extra)
         self.started = True
         self.status = status
+        if self.respond is not None:
+            if self.gone:
+                return
+            try:
+                await self.respond(status, h, body)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                self.gone = True
+            return
         await self._send({"type": "http.response.start", "status": status, "headers": h})
         await self._send({"type": "http.response.body", "body": body})
 

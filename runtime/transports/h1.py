@@ -39,6 +39,7 @@ import trio
 
 from runtime.http_config import HttpConfig
 from runtime.logs import log
+from runtime.transports.asgi import RequestHeaders
 
 App = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
                Awaitable[None]]
@@ -86,11 +87,13 @@ class BadRequest(Exception):
 
 class _Request:
     __slots__ = ("body", "body_size", "complete", "continue_sent", "expect_continue", "head_done", "headers",
-                 "keep_alive", "method", "size", "upgrade", "url")
+                 "keep_alive", "method", "size", "upgrade", "url", "wanted")
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        #: The headers the app reads, gathered while parsing (the ``toolcell.headers`` extension).
+        self.wanted = RequestHeaders()
         self.size = 0
         self.method = b""
         self.keep_alive = True
@@ -106,9 +109,10 @@ class _Request:
 class _Connection:
     """One client connection: parse, run the app for each request in turn, write responses."""
 
-    def __init__(self, server: H1Server, sock: trio.socket.SocketType, client: Any, local: Any) -> None:
+    def __init__(self, server: H1Server, raw: socket.socket, client: Any, local: Any) -> None:
         self.server = server
-        self.sock = sock
+        #: The stdlib socket, non-blocking; trio's ``wait_readable``/``wait_writable`` do the waiting.
+        self.raw = raw
         self.client = client
         self.local = local
         self.max_header = server.cfg.max_header_bytes
@@ -154,6 +158,7 @@ class _Connection:
         if name == b"expect" and value.strip().lower() == b"100-continue":
             req.expect_continue = True
         req.headers.append((name, value))
+        req.wanted.add(name, value)
 
     def on_headers_complete(self) -> None:
         req = self.parsing
@@ -209,9 +214,18 @@ class _Connection:
         if self.reading:
             raise RuntimeError("two readers on one connection")
         self.reading = True
+        raw = self.raw
         try:
-            data = await self.sock.recv(READ_SIZE)
-        except OSError:
+            while True:
+                # Wait first: between requests a keep-alive client has usually not written yet,
+                # so a try-first recv would mostly fail (a syscall and an exception for nothing).
+                await trio.lowlevel.wait_readable(raw)
+                try:
+                    data = raw.recv(READ_SIZE)
+                    break
+                except (BlockingIOError, InterruptedError):
+                    continue
+        except (OSError, ValueError, trio.ClosedResourceError):  # reset, or closed under us
             data = b""
         finally:
             self.reading = False
@@ -263,20 +277,36 @@ class _Connection:
     async def write(self, data: bytes) -> None:
         if self.closed:
             raise BrokenPipeError("connection closed")
-        view = memoryview(data)
-        sock = self.sock
+        raw = self.raw
         try:
+            # Try the send at once: a response nearly always fits the socket buffer, and then no
+            # trip through the scheduler is needed. Only a full buffer waits for room.
+            try:
+                sent = raw.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent == len(data):
+                return
+            view = memoryview(data)[sent:]
             while view:
-                sent = await sock.send(view)
+                await trio.lowlevel.wait_writable(raw)
+                try:
+                    sent = raw.send(view)
+                except (BlockingIOError, InterruptedError):
+                    continue
                 view = view[sent:]
-        except OSError:
+        except (OSError, trio.ClosedResourceError):
             self.closed = True
-            raise
+            raise BrokenPipeError("connection closed") from None
+
+    def _close_socket(self) -> None:
+        self.closed = True
+        if self.raw.fileno() != -1:
+            trio.lowlevel.notify_closing(self.raw)  # wakes a task parked on it (ClosedResourceError)
+            self.raw.close()
 
     async def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-        self.sock.close()
+        self._close_socket()
 
     # -- one connection -----------------------------------------------------------------------
 
@@ -302,7 +332,7 @@ class _Connection:
                 if not exchange.reusable():
                     return
         finally:
-            self.sock.close()
+            self._close_socket()
 
 
 class _Exchange:
@@ -326,16 +356,24 @@ class _Exchange:
     def scope(self) -> dict[str, Any]:
         req = self.req
         conn = self.conn
-        try:
-            url = httptools.parse_url(req.url)
-            raw_path = url.path or b"/"
-            query = url.query or b""
-        except httptools.HttpParserInvalidURLError:
-            raise BadRequest(400, "Bad Request: invalid request target") from None
+        url = req.url
+        if url[:1] == b"/" and b"?" not in url and b"%" not in url and b"#" not in url:
+            raw_path, query, path = url, b"", url.decode("latin-1")  # the usual origin-form target
+        else:
+            try:
+                parsed = httptools.parse_url(url)
+                raw_path = parsed.path or b"/"
+                query = parsed.query or b""
+            except httptools.HttpParserInvalidURLError:
+                raise BadRequest(400, "Bad Request: invalid request target") from None
+            path = unquote(raw_path.decode("latin-1"))
+        # toolcell's own extensions (an ASGI app that does not know them ignores them): the headers
+        # it reads, already gathered; the whole body if it has arrived; a response in one call.
+        extensions = {"toolcell.headers": req.wanted, "toolcell.respond": self.respond,
+                      "toolcell.take_body": self.take_body}
         return {"type": "http", "asgi": _ASGI, "http_version": "1.1", "method": req.method.decode("latin-1"),
-                "scheme": "http", "path": unquote(raw_path.decode("latin-1")), "raw_path": raw_path,
-                "query_string": query, "root_path": "", "headers": req.headers, "client": conn.client,
-                "server": conn.local}
+                "scheme": "http", "path": path, "raw_path": raw_path, "query_string": query, "root_path": "",
+                "headers": req.headers, "client": conn.client, "server": conn.local, "extensions": extensions}
 
     async def run(self, app: App) -> None:
         conn = self.conn
@@ -410,6 +448,28 @@ class _Exchange:
             if not conn._can_read_ahead():
                 await trio.sleep_forever()
             await conn._read_once()
+
+    def take_body(self) -> bytes | None:
+        """The whole request body if it has all arrived (then ``receive`` has no body left to
+        give), else None: read it through ``receive``."""
+        req = self.req
+        if self.delivered or not req.complete:
+            return None
+        body = req.body
+        data = (body.popleft() if len(body) == 1 else b"".join(body)) if body else b""
+        body.clear()
+        req.body_size = 0
+        self.delivered = True
+        return data
+
+    async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole response (``headers`` carry its content-length) in one write: what an
+        ``http.response.start`` and a final ``http.response.body`` do, without the messages."""
+        if self.head_sent or self.status:
+            raise RuntimeError("response already started")
+        self.status = status
+        self.headers = headers
+        await self._send_head(body, more=False)
 
     async def send(self, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -506,17 +566,21 @@ class H1Server:
         self._all_closed = trio.Event()
         self.stopping = False
 
-    async def _accept_loop(self, listener: trio.socket.SocketType, nursery: trio.Nursery) -> None:
+    async def _accept_loop(self, listener: socket.socket, nursery: trio.Nursery) -> None:
         tcp = listener.family in (socket.AF_INET, socket.AF_INET6)
         local = listener.getsockname() if tcp else None
         while True:
             try:
-                sock, addr = await listener.accept()
+                sock, addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                await trio.lowlevel.wait_readable(listener)
+                continue
             except OSError as exc:
                 # EMFILE and friends: back off instead of spinning, keep serving the others.
                 log("http_accept_failed", level="warning", error=str(exc))
                 await trio.sleep(0.1)
                 continue
+            sock.setblocking(False)
             if tcp:
                 try:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -540,10 +604,10 @@ class H1Server:
                 if conn.idle and conn.idle_since <= limit:
                     conn.scope.cancel()
 
-    async def _refuse(self, sock: trio.socket.SocketType) -> None:
-        with sock, trio.move_on_after(1):
+    async def _refuse(self, sock: socket.socket) -> None:
+        with trio.socket.from_stdlib_socket(sock) as tsock, trio.move_on_after(1):
             try:
-                await sock.send(_canned(503, "Service Unavailable: too many connections"))
+                await tsock.send(_canned(503, "Service Unavailable: too many connections"))
             except OSError:
                 pass
 
@@ -561,7 +625,8 @@ class H1Server:
         listeners = []
         for s in sockets:
             s.listen(1024)
-            listeners.append(trio.socket.from_stdlib_socket(s))
+            s.setblocking(False)
+            listeners.append(s)
         async with trio.open_nursery() as conns:
             async with trio.open_nursery() as accepting:
                 accepting.start_soon(self._sweep_idle)
@@ -572,6 +637,7 @@ class H1Server:
                 self.stopping = True
                 accepting.cancel_scope.cancel()
             for listener in listeners:
+                trio.lowlevel.notify_closing(listener)
                 listener.close()
             for conn in list(self.connections):
                 if conn.idle:

@@ -121,9 +121,10 @@ class HttpApp:
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            r = Responder(send, [])
+            ext = scope.get("extensions") or {}
+            r = Responder(send, [], ext.get("toolcell.respond"))
             try:
-                await self._http(scope, receive, r)
+                await self._http(scope, ext, receive, r)
             except Exception as exc:  # noqa: BLE001 - our bug: answer 500 if we still can, never kill the server
                 log("http_internal_error", level="error", error=f"{type(exc).__name__}: {exc}")
                 if not r.started:
@@ -133,13 +134,13 @@ class HttpApp:
         elif kind == "lifespan":
             await lifespan(receive, send)
 
-    async def _http(self, scope: dict[str, Any], receive: Receive, r: Responder) -> None:
+    async def _http(self, scope: dict[str, Any], ext: dict[str, Any], receive: Receive, r: Responder) -> None:
         method = scope["method"]
         if scope["path"] != self.path:
             if scope["path"] == "/healthz" and method in ("GET", "HEAD"):
                 return await self._healthz(r)
             return await r.body(404, b"Not Found\n", b"text/plain")
-        headers = RequestHeaders(scope["headers"])
+        headers = ext.get("toolcell.headers") or RequestHeaders(scope["headers"])
         if headers.size > self.cfg.max_header_bytes:
             # hypercorn caps only heads that arrive in pieces; this catches one that came whole.
             return await self._plain_error(r, 431, "Request Header Fields Too Large", [(b"connection", b"close")])
@@ -162,7 +163,8 @@ class HttpApp:
             return await self._plain_error(r, 401, "Unauthorized: a valid bearer token is required",
                                            [(b"www-authenticate", b'Bearer realm="toolcell"')])
         if method == "POST":
-            return await self._post(r, headers, principal, receive)
+            take_body = ext.get("toolcell.take_body")
+            return await self._post(r, headers, principal, receive, take_body() if take_body is not None else None)
         if method == "GET":
             return await self._get(r, headers, principal, receive)
         if method == "DELETE":
@@ -200,7 +202,9 @@ class HttpApp:
 
     # -- POST ----------------------------------------------------------------------------------
 
-    async def _post(self, r: Responder, headers: RequestHeaders, principal: Principal, receive: Receive) -> None:
+    async def _post(self, r: Responder, headers: RequestHeaders, principal: Principal, receive: Receive,
+                    body: bytes | None = None) -> None:
+        """``body``: the whole body when the server already has it (no deadline needed to read it)."""
         cfg = self.cfg
         if self.shutting_down:
             return await self._refuse(r, ShuttingDown("Service Unavailable: shutting down"), None,
@@ -220,17 +224,22 @@ class HttpApp:
                                            [(b"connection", b"close")])
         self.active += 1
         try:
-            with trio.move_on_after(cfg.body_timeout_s) as deadline:
-                try:
-                    body = await read_body(receive, self.max_body)
-                except BodyTooLarge:
-                    return await self._plain_error(r, 413, f"Payload Too Large: the limit is {self.max_body} bytes",
+            if body is None:
+                with trio.move_on_after(cfg.body_timeout_s) as deadline:
+                    try:
+                        body = await read_body(receive, self.max_body)
+                    except BodyTooLarge:
+                        return await self._plain_error(r, 413, f"Payload Too Large: the limit is {self.max_body} bytes",
+                                                       [(b"connection", b"close")])
+                    except ClientGone:
+                        return
+                if deadline.cancelled_caught:
+                    return await self._plain_error(r, 408, "Request Timeout: the body took too long",
                                                    [(b"connection", b"close")])
-                except ClientGone:
-                    return
-            if deadline.cancelled_caught:
-                return await self._plain_error(r, 408, "Request Timeout: the body took too long",
+            elif len(body) > self.max_body:
+                return await self._plain_error(r, 413, f"Payload Too Large: the limit is {self.max_body} bytes",
                                                [(b"connection", b"close")])
+            assert body is not None
             await self._message(r, headers, principal, body, can_json, can_sse, receive)
         finally:
             self.active -= 1
