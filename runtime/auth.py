@@ -65,11 +65,17 @@ ANONYMOUS = Principal("anonymous")
 class Authenticator:
     """Maps ``Authorization: Bearer`` values to principals. Disabled when no token is configured."""
 
+    #: Authorization values already matched to a principal, kept so that a client's every request
+    #: does not hash its token again. Only matches are kept (a stream of wrong tokens cannot grow
+    #: it), at most this many; the oldest goes first.
+    MATCHED_MAX = 1024
+
     def __init__(self, cfg: HttpConfig) -> None:
         self._by_hash: dict[str, Principal] = {}
         for tok in cfg.tokens:
             self._by_hash[tok.sha256] = Principal(tok.principal, tuple(tok.scopes), tok.rate)
         self.enabled = bool(self._by_hash)
+        self._matched: dict[bytes, Principal] = {}
 
     def authenticate(self, authorization: bytes | None) -> Principal | None:
         """The principal for a request's Authorization header, or None (reject with 401)."""
@@ -77,13 +83,21 @@ class Authenticator:
             return ANONYMOUS
         if not authorization:
             return None
+        known = self._matched.get(authorization)
+        if known is not None:
+            return known
         scheme, _, token = authorization.partition(b" ")
         if scheme.lower() != b"bearer":
             return None
         token = token.strip()
         if not token or len(token) > 4096:
             return None
-        return self._by_hash.get(hashlib.sha256(token).hexdigest())
+        principal = self._by_hash.get(hashlib.sha256(token).hexdigest())
+        if principal is not None:
+            if len(self._matched) >= self.MATCHED_MAX:
+                del self._matched[next(iter(self._matched))]
+            self._matched[authorization] = principal
+        return principal
 
 
 def main(argv: list[str]) -> int:

@@ -310,10 +310,6 @@ class _Connection:
 
     # -- one connection -----------------------------------------------------------------------
 
-    async def serve(self, app: App) -> None:
-        with self.scope:
-            await self._serve(app)
-
     async def _serve(self, app: App) -> None:
         try:
             while True:
@@ -327,7 +323,21 @@ class _Connection:
                                 pass
                     return
                 exchange = _Exchange(self, req)
-                await exchange.run(app)
+                # ``_Exchange.run``, written out here: a request's awaits pass one frame fewer.
+                try:
+                    scope = exchange.scope()
+                except BadRequest as exc:
+                    exchange.keep_alive = False
+                    await exchange._try_write(_canned(exc.status, exc.message))
+                    exchange.finished = True
+                    scope = None
+                if scope is not None:
+                    try:
+                        await app(scope, exchange.receive, exchange.send)
+                    except Exception as exc:  # noqa: BLE001 - the app's bug must not take the server down
+                        await exchange.failed(exc)
+                    if not exchange.finished or self.server.stopping:
+                        exchange.keep_alive = False  # a response cut short: the client must not reuse it
                 self.ready.popleft()
                 if not exchange.reusable():
                     return
@@ -375,27 +385,13 @@ class _Exchange:
                 "scheme": "http", "path": path, "raw_path": raw_path, "query_string": query, "root_path": "",
                 "headers": req.headers, "client": conn.client, "server": conn.local, "extensions": extensions}
 
-    async def run(self, app: App) -> None:
-        conn = self.conn
-        try:
-            scope = self.scope()
-        except BadRequest as exc:
-            self.keep_alive = False
-            await self._try_write(_canned(exc.status, exc.message))
+    async def failed(self, exc: Exception) -> None:
+        """The app raised: log it, answer 500 if nothing was sent yet, and close after."""
+        log("http_app_error", level="error", error=f"{type(exc).__name__}: {exc}")
+        self.keep_alive = False
+        if not self.head_sent:
+            await self._try_write(_canned(500, "Internal Server Error"))
             self.finished = True
-            return
-        try:
-            await app(scope, self.receive, self.send)
-        except Exception as exc:  # noqa: BLE001 - the app's bug must not take the server down
-            log("http_app_error", level="error", error=f"{type(exc).__name__}: {exc}")
-            self.keep_alive = False
-            if not self.head_sent:
-                await self._try_write(_canned(500, "Internal Server Error"))
-                self.finished = True
-        if not self.finished:
-            self.keep_alive = False  # a response cut short: the client must not reuse the connection
-        if conn.server.stopping:
-            self.keep_alive = False
 
     async def _try_write(self, data: bytes) -> None:
         try:
@@ -469,7 +465,7 @@ class _Exchange:
             raise RuntimeError("response already started")
         self.status = status
         self.headers = headers
-        await self._send_head(body, more=False)
+        await self.conn.write(self._head(body, more=False))
 
     async def send(self, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -481,7 +477,7 @@ class _Exchange:
             if not any(name.lower() == b"content-length" for name, _ in self.headers):
                 # A streamed response (SSE): the client must see the head now, not with the
                 # first event. With a length, the head waits to go out in one write with the body.
-                await self._send_head(b"", more=True)
+                await self.conn.write(self._head(b"", more=True))
             return
         if kind != "http.response.body":
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
@@ -494,7 +490,7 @@ class _Exchange:
         body = message.get("body", b"")
         more = message.get("more_body", False)
         if not self.head_sent:
-            return await self._send_head(body, more)
+            return await self.conn.write(self._head(body, more))
         if self.no_body:
             if not more:
                 self.finished = True
@@ -508,16 +504,16 @@ class _Exchange:
         if data:
             await self.conn.write(data)
 
-    async def _send_head(self, body: bytes, more: bool) -> None:
-        """Write the status line and headers, with ``body`` (the first or only part) behind them."""
+    def _head(self, body: bytes, more: bool) -> bytes:
+        """The status line and headers, with ``body`` (the first or only part) behind them: what to write."""
         conn = self.conn
         status = self.status
         no_body = self.no_body or status in _NO_BODY_STATUS or status < 200
         has_length = False
         lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
         for name, value in self.headers:
-            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name or b":" in name:
-                raise RuntimeError("response header contains CR, LF or a bad name")
+            if b":" in name:
+                raise RuntimeError("response header name contains ':'")
             lname = name.lower()
             if lname == b"content-length":
                 has_length = True
@@ -541,9 +537,13 @@ class _Exchange:
             self.keep_alive = False
             lines.append(b"connection: close\r\n")
         lines.append(b"date: %s\r\n\r\n" % _Date.now())
+        head = b"".join(lines)
+        # Every line ends in CRLF and the head in one more: any other CR or LF came from a header
+        # name or value (response splitting). One count over the head instead of a test per header.
+        if head.count(b"\n") != len(lines) + 1 or head.count(b"\r") != len(lines) + 1:
+            raise RuntimeError("response header contains CR or LF")
         self.head_sent = True
         self.no_body = no_body
-        head = b"".join(lines)
         if no_body:
             data = head
         elif self.chunked:
@@ -552,7 +552,7 @@ class _Exchange:
             data = head + body
         if not more:
             self.finished = True
-        await conn.write(data)
+        return data
 
 
 class H1Server:
@@ -613,7 +613,8 @@ class H1Server:
 
     async def _serve_connection(self, conn: _Connection) -> None:
         try:
-            await conn.serve(self.app)
+            with conn.scope:
+                await conn._serve(self.app)
         finally:
             self.connections.discard(conn)
             if not self.connections:

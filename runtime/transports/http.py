@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -97,6 +97,7 @@ class HttpApp:
         self.hosts = set(_LOOPBACK_NAMES) | {_host_name(h) for h in cfg.allowed_hosts}
         self.hosts |= {_host_name(h) for h in bound_hosts}
         self.any_host = "*" in cfg.allowed_hosts
+        self._hosts_seen: set[bytes] = set()
         self.origins = {o.strip().lower().rstrip("/") for o in cfg.allowed_origins}
         self.any_origin = "*" in self.origins
         self.sessions = SessionTable(cfg.max_sessions, cfg.session_idle_s, cfg.max_sessions_per_principal)
@@ -134,42 +135,47 @@ class HttpApp:
         elif kind == "lifespan":
             await lifespan(receive, send)
 
-    async def _http(self, scope: dict[str, Any], ext: dict[str, Any], receive: Receive, r: Responder) -> None:
+    def _http(self, scope: dict[str, Any], ext: dict[str, Any], receive: Receive, r: Responder) -> Awaitable[None]:
+        """What to await to answer this request: the checks every request passes are plain calls, so
+        a call's coroutine is awaited by ``__call__`` directly, not through one frame per check."""
         method = scope["method"]
         if scope["path"] != self.path:
             if scope["path"] == "/healthz" and method in ("GET", "HEAD"):
-                return await self._healthz(r)
-            return await r.body(404, b"Not Found\n", b"text/plain")
+                return self._healthz(r)
+            return r.body(404, b"Not Found\n", b"text/plain")
         headers = ext.get("toolcell.headers") or RequestHeaders(scope["headers"])
         if headers.size > self.cfg.max_header_bytes:
             # hypercorn caps only heads that arrive in pieces; this catches one that came whole.
-            return await self._plain_error(r, 431, "Request Header Fields Too Large", [(b"connection", b"close")])
+            return self._plain_error(r, 431, "Request Header Fields Too Large", [(b"connection", b"close")])
         host = headers.get(b"host")
-        if host is not None and not self.any_host and _host_name(host.decode("latin-1")) not in self.hosts:
-            return await self._plain_error(r, 403, "Forbidden: Host header not allowed")
+        if host is not None and not self.any_host and host not in self._hosts_seen:
+            if _host_name(host.decode("latin-1")) not in self.hosts:
+                return self._plain_error(r, 403, "Forbidden: Host header not allowed")
+            if len(self._hosts_seen) < 256:  # allowed Host values as sent (only allowed ones: bounded)
+                self._hosts_seen.add(host)
         origin = headers.get(b"origin")
         if origin is not None:
             if not self._origin_ok(origin.decode("latin-1")):
-                return await self._plain_error(r, 403, "Forbidden: Origin not allowed")
+                return self._plain_error(r, 403, "Forbidden: Origin not allowed")
             r.extra = [(b"access-control-allow-origin", origin), (b"vary", b"origin"),
                        (b"access-control-expose-headers", _EXPOSE)]
         if method == "OPTIONS":
             requested = headers.get(b"access-control-request-headers") or b"content-type"
-            return await r.body(204, b"", None, [(b"access-control-allow-methods", _ALLOW),
+            return r.body(204, b"", None, [(b"access-control-allow-methods", _ALLOW),
                                                  (b"access-control-allow-headers", requested),
                                                  (b"access-control-max-age", b"600")])
         principal = self.auth.authenticate(headers.get(b"authorization"))
         if principal is None:
-            return await self._plain_error(r, 401, "Unauthorized: a valid bearer token is required",
+            return self._plain_error(r, 401, "Unauthorized: a valid bearer token is required",
                                            [(b"www-authenticate", b'Bearer realm="toolcell"')])
         if method == "POST":
             take_body = ext.get("toolcell.take_body")
-            return await self._post(r, headers, principal, receive, take_body() if take_body is not None else None)
+            return self._post(r, headers, principal, receive, take_body() if take_body is not None else None)
         if method == "GET":
-            return await self._get(r, headers, principal, receive)
+            return self._get(r, headers, principal, receive)
         if method == "DELETE":
-            return await self._delete(r, headers, principal)
-        return await self._plain_error(r, 405, f"Method Not Allowed: {method}", [(b"allow", _ALLOW)])
+            return self._delete(r, headers, principal)
+        return self._plain_error(r, 405, f"Method Not Allowed: {method}", [(b"allow", _ALLOW)])
 
     def _origin_ok(self, origin: str) -> bool:
         o = origin.strip().lower().rstrip("/")
@@ -244,13 +250,13 @@ class HttpApp:
         finally:
             self.active -= 1
 
-    async def _message(self, r: Responder, headers: RequestHeaders, principal: Principal, body: bytes,
-                       can_json: bool, can_sse: bool, receive: Receive) -> None:
+    def _message(self, r: Responder, headers: RequestHeaders, principal: Principal, body: bytes,
+                       can_json: bool, can_sse: bool, receive: Receive) -> Awaitable[None]:
         # The body is decoded once here; the core reads each params once (``parse``) and chooses the era.
         try:
             env = rpc.decode_envelope(body)
         except McpError as exc:
-            return await self._refuse(r, exc, modern=False)
+            return self._refuse(r, exc, modern=False)
         id_bytes = None
         if isinstance(env, rpc.Envelope) and rpc.valid_id(env.id):
             id_bytes = rpc.encode_id(env.id)
@@ -262,14 +268,14 @@ class HttpApp:
             if wait > 0:
                 self.rate_limited["principal"] += 1
                 self._audit_refused(env, principal, "rate_limited")
-                return await self._refuse(r, RateLimited(f"principal {principal.name}", wait), id_bytes)
+                return self._refuse(r, RateLimited(f"principal {principal.name}", wait), id_bytes)
         if isinstance(env, list):
-            return await self._legacy_batch(r, headers, principal, env)
+            return self._legacy_batch(r, headers, principal, env)
         req = self.core.parse(ConnState(), env)
         version = headers.get(b"mcp-protocol-version")
         if req.modern or (version is not None and version.strip() in _MODERN_HEADER_VALUES):
-            return await self._modern(r, headers, principal, req, id_bytes, can_sse, receive)
-        return await self._legacy(r, headers, principal, env, id_bytes, can_sse, receive, req)
+            return self._modern(r, headers, principal, req, id_bytes, can_sse, receive)
+        return self._legacy(r, headers, principal, env, id_bytes, can_sse, receive, req)
 
     def _connection(self, principal: Principal, state: ConnState | None = None,
                     push: Callable[[bytes], None] | None = None) -> Connection:
@@ -312,10 +318,8 @@ class HttpApp:
                     continue
                 if outcome:
                     break
-                box.event = trio.Event()
                 if not (box.pending or outcome):
-                    await box.event.wait()
-                box.event = None
+                    await box.park()
         data, code = outcome[0]
         if data is None:
             return await (r.end() if r.started else r.body(202, b"", None))
@@ -384,28 +388,34 @@ class HttpApp:
                                "supported: " + ", ".join(eras.LEGACY_VERSIONS))
         return session
 
-    async def _legacy(self, r: Responder, headers: RequestHeaders, principal: Principal, env: rpc.Envelope,
-                      id_bytes: bytes | None, can_sse: bool, receive: Receive, req: Request | None = None) -> None:
+    def _legacy(self, r: Responder, headers: RequestHeaders, principal: Principal, env: rpc.Envelope,
+                id_bytes: bytes | None, can_sse: bool, receive: Receive, req: Request | None = None) -> Awaitable[None]:
         if headers.get(b"mcp-session-id") is None and env.method == "initialize" and env.id is not msgspec.UNSET:
-            return await self._initialize(r, principal, env)
+            return self._initialize(r, principal, env)
         session = self._session_or_refusal(headers, principal, id_bytes)
         if isinstance(session, McpError):
-            return await self._refuse(r, session, id_bytes, modern=False)
+            return self._refuse(r, session, id_bytes, modern=False)
         conn = session.conn
-        session.busy += 1  # a busy session never expires: last_seen is set when the request ends
+        # Read once: the era choice already parsed it; only an early answer (an error, whose id
+        # rule depends on the session's revision) is worded again for this session.
+        if req is None or req.early is not None:
+            req = conn.parse(env)
+        action = conn.run(req)
+        if type(action) is ToolCall:
+            return self._call(r, conn, action, can_sse, receive, session)
+        if type(action) is TaskRequest:
+            # A 2025-11-25 tasks/result may ask the task's questions on its own stream.
+            box = CallBox(stream=can_sse)
+            return self._in_session(session, self._streamed(r, conn.dispatch(action, box), box))
+        return self._in_session(session, self._answer(r, conn.dispatch(action, NOWHERE), modern=False))
+
+    async def _in_session(self, session: LegacySession, answering: Awaitable[None]) -> None:
+        """Await ``answering`` with ``session`` marked busy: a busy session never expires, and its idle
+        time starts when the request ends. (Nothing runs between the sync part that built
+        ``answering`` and this, so the mark covers the whole request.)"""
+        session.busy += 1
         try:
-            # Read once: the era choice already parsed it; only an early answer (an error, whose id
-            # rule depends on the session's revision) is worded again for this session.
-            if req is None or req.early is not None:
-                req = conn.parse(env)
-            action = conn.run(req)
-            if type(action) is ToolCall:
-                return await self._call(r, conn, action, can_sse, receive, session)
-            if type(action) is TaskRequest:
-                # A 2025-11-25 tasks/result may ask the task's questions on its own stream.
-                box = CallBox(stream=can_sse)
-                return await self._streamed(r, conn.dispatch(action, box), box)
-            return await self._answer(r, conn.dispatch(action, NOWHERE), modern=False)
+            await answering
         finally:
             session.busy -= 1
             session.last_seen = trio.current_time()
@@ -486,83 +496,91 @@ class HttpApp:
 
     async def _call(self, r: Responder, conn: Connection, call: ToolCall, can_sse: bool, receive: Receive,
                     session: LegacySession | None) -> None:
-        box = CallBox(stream=can_sse)
-        started = conn.dispatch(call, box)
-        if type(started) is Deferred:  # it runs as a task: the answer is the task, once stored
+        """Run a tool call and answer it (a legacy ``session`` is marked busy meanwhile, like
+        ``_in_session``)."""
+        if session is not None:
+            session.busy += 1
+        try:
+            box = CallBox(stream=can_sse)
+            started = conn.dispatch(call, box)
+            if type(started) is Deferred:  # it runs as a task: the answer is the task, once stored
+                try:
+                    return await self._answer(r, started, call.modern)
+                finally:
+                    if session is None:
+                        conn.close()
+            if type(started) is Answered:  # answered before it ran (a rate limit, a duplicate id, input_required)
+                assert started.data is not None
+                if started.error is not None and isinstance(started.error, RateLimited):
+                    return await self._refuse(r, started.error, call.id_bytes)
+                status = 200
+                if call.modern and started.error_code is not None:
+                    status = status_of_code(started.error_code, modern=True)
+                return await r.body(status, started.data)
+            request_id = call.request_id
+            detached = False  # True once the call no longer needs cancelling by us
+            quick = True
             try:
-                return await self._answer(r, started, call.modern)
+                while True:
+                    if box.final is None and not box.pending and not box.is_cancelled:
+                        if quick:
+                            # Most calls finish within milliseconds: wait for them on an event, and only
+                            # then start watching for a disconnect (which costs a cancellation to undo).
+                            # ``wake_slow_calls`` ends the wait after QUICK_WAIT_S (no timer per call).
+                            quick = False
+                            if self._quick_sweeper:
+                                if not self._quick:
+                                    self._quick_lot.unpark()
+                                # ``_now``: this request's clock reading (nothing awaited since it was taken).
+                                self._quick.append((self._now + QUICK_WAIT_S, box))
+                                await box.park()
+                            else:
+                                with trio.move_on_after(QUICK_WAIT_S):
+                                    await box.park()
+                            continue
+                        with trio.CancelScope() as parked:
+                            box.scope = parked
+                            message = await receive()
+                        box.scope = None
+                        if not parked.cancelled_caught:
+                            if message["type"] != "http.disconnect":
+                                continue
+                            r.gone = True
+                    if r.gone:
+                        # Modern: the disconnect is the cancellation. Legacy: it is not; the call
+                        # runs on (a later notifications/cancelled or DELETE can still stop it).
+                        detached = session is not None
+                        return
+                    if box.is_cancelled:
+                        detached = True
+                        return await (r.end() if r.started else r.body(202, b"", None))
+                    if box.overflow:
+                        r.gone = True
+                        continue
+                    if box.pending:
+                        batch, box.pending = box.pending, []
+                        if not r.started:
+                            await r.start_sse()
+                        await r.events(batch)
+                        continue
+                    if box.final is not None:
+                        detached = True
+                        if r.sse:
+                            await r.events([box.final])
+                            return await r.end()
+                        status = 200
+                        if call.modern and box.final_code is not None:
+                            status = status_of_code(box.final_code, modern=True)
+                        return await r.body(status, box.final)
             finally:
+                if not detached and box.final is None and not box.is_cancelled:
+                    conn.cancel(request_id)
                 if session is None:
                     conn.close()
-        if type(started) is Answered:  # answered before it ran (a rate limit, a duplicate id, input_required)
-            assert started.data is not None
-            if started.error is not None and isinstance(started.error, RateLimited):
-                return await self._refuse(r, started.error, call.id_bytes)
-            status = 200
-            if call.modern and started.error_code is not None:
-                status = status_of_code(started.error_code, modern=True)
-            return await r.body(status, started.data)
-        request_id = call.request_id
-        detached = False  # True once the call no longer needs cancelling by us
-        quick = True
-        try:
-            while True:
-                if box.final is None and not box.pending and not box.is_cancelled:
-                    if quick:
-                        # Most calls finish within milliseconds: wait for them on an event, and only
-                        # then start watching for a disconnect (which costs a cancellation to undo).
-                        # ``wake_slow_calls`` ends the wait after QUICK_WAIT_S (no timer per call).
-                        quick = False
-                        box.event = trio.Event()
-                        if self._quick_sweeper:
-                            if not self._quick:
-                                self._quick_lot.unpark()
-                            self._quick.append((trio.current_time() + QUICK_WAIT_S, box))
-                            await box.event.wait()
-                        else:
-                            with trio.move_on_after(QUICK_WAIT_S):
-                                await box.event.wait()
-                        box.event = None
-                        continue
-                    with trio.CancelScope() as parked:
-                        box.scope = parked
-                        message = await receive()
-                    box.scope = None
-                    if not parked.cancelled_caught:
-                        if message["type"] != "http.disconnect":
-                            continue
-                        r.gone = True
-                if r.gone:
-                    # Modern: the disconnect is the cancellation. Legacy: it is not; the call
-                    # runs on (a later notifications/cancelled or DELETE can still stop it).
-                    detached = session is not None
-                    return
-                if box.is_cancelled:
-                    detached = True
-                    return await (r.end() if r.started else r.body(202, b"", None))
-                if box.overflow:
-                    r.gone = True
-                    continue
-                if box.pending:
-                    batch, box.pending = box.pending, []
-                    if not r.started:
-                        await r.start_sse()
-                    await r.events(batch)
-                    continue
-                if box.final is not None:
-                    detached = True
-                    if r.sse:
-                        await r.events([box.final])
-                        return await r.end()
-                    status = 200
-                    if call.modern and box.final_code is not None:
-                        status = status_of_code(box.final_code, modern=True)
-                    return await r.body(status, box.final)
         finally:
-            if not detached and box.final is None and not box.is_cancelled:
-                conn.cancel(request_id)
-            if session is None:
-                conn.close()
+            if session is not None:
+                session.busy -= 1
+                session.last_seen = trio.current_time()
 
     # -- GET and DELETE (legacy sessions only) -------------------------------------------------
 
@@ -681,17 +699,13 @@ class HttpApp:
                     continue
                 now = trio.current_time()
                 while quick and quick[0][0] <= now:
-                    box = quick.popleft()[1]
-                    if box.event is not None:
-                        box.event.set()
+                    quick.popleft()[1].unpark()
                 if quick:
                     await trio.sleep(max(0.0, quick[0][0] - now))
         finally:
             self._quick_sweeper = False
             while quick:
-                box = quick.popleft()[1]
-                if box.event is not None:
-                    box.event.set()
+                quick.popleft()[1].unpark()
 
     async def housekeeping(self) -> None:
         period = max(0.05, min(60.0, self.cfg.session_idle_s / 4))

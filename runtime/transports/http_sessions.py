@@ -30,23 +30,39 @@ MAX_PENDING = 1024
 class Waker:
     """Something a request handler parks on; ``wake()`` (sync, from callbacks) unparks it.
 
-    The handler parks either on ``event`` (cheap) or, when it must also notice the client going
-    away, in ``receive()`` under ``scope``, which ``wake()`` cancels.
+    The handler parks either with ``park()`` (cheap: its task is simply rescheduled) or, when it
+    must also notice the client going away, in ``receive()`` under ``scope``, which ``wake()``
+    cancels. The handler checks for work before parking: a wake with nobody parked is not kept.
     """
 
-    __slots__ = ("event", "scope", "woken")
+    __slots__ = ("scope", "task", "woken")
 
     def __init__(self) -> None:
         self.scope: trio.CancelScope | None = None
-        self.event: trio.Event | None = None
+        self.task: trio.lowlevel.Task | None = None
         self.woken = False
 
     def wake(self) -> None:
         self.woken = True
         if self.scope is not None:
             self.scope.cancel()
-        if self.event is not None:
-            self.event.set()
+        self.unpark()
+
+    def unpark(self) -> None:
+        """End a ``park()`` without saying there is news (a timer ran out)."""
+        task = self.task
+        if task is not None:
+            self.task = None
+            trio.lowlevel.reschedule(task)
+
+    async def park(self) -> None:
+        """Sleep until ``wake()`` or ``unpark()`` (or a cancellation)."""
+        self.task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, _: Any) -> trio.lowlevel.Abort:
+        self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
 
 class CallBox(Waker):
