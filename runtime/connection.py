@@ -220,11 +220,17 @@ class Connection:
         while doing so answers that request -32603 and nothing else."""
         try:
             if (type(action) is ToolCall and not action.task_mode and action.request_state is None
-                    and action.input_responses is None and self.admit is None and not self.draining
-                    and action.request_id not in self.inflight):
-                # The hot path (a plain call on stdio): the rules below, without the pattern machinery.
-                self.start(action, sink)
-                return Started(action)
+                    and action.input_responses is None and not self.draining):
+                # The hot path (a plain call): the rules below, without the pattern machinery.
+                if self.admit is None and action.request_id not in self.inflight:
+                    self.start(action, sink)
+                    return Started(action)
+                refusal = self._refuse_call(action)
+                if refusal is None:
+                    self.start(action, sink)
+                    return Started(action)
+                error, data = refusal
+                return Answered(data, error.code, action.modern, error)
             return self._dispatch(action, sink)
         except Exception as exc:  # our bug: this request fails, the connection and the daemon go on
             reply = self._internal_error(exc)
