@@ -229,8 +229,8 @@ class Connection:
                 if refusal is None:
                     self.start(action, sink)
                     return Started(action)
-                error, data = refusal
-                return Answered(data, error.code, action.modern, error)
+                error, refused = refusal
+                return Answered(refused, error.code, action.modern, error)
             return self._dispatch(action, sink)
         except Exception as exc:  # our bug: this request fails, the connection and the daemon go on
             reply = self._internal_error(exc)
