@@ -35,6 +35,25 @@ class App:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         self.calls += 1
         path = scope["path"]
+        if path == "/ext":  # the toolcell.* extensions, as HttpApp uses them
+            ext = scope["extensions"]
+            wanted = ext["toolcell.headers"]
+            first = ext["toolcell.take_body"]()
+            again = ext["toolcell.take_body"]()
+            if first is None:  # not all there yet: the ASGI way
+                first = b""
+                while True:
+                    message = await receive()
+                    first += message.get("body", b"")
+                    if not message.get("more_body", False):
+                        break
+                how = b"receive"
+            else:
+                how = b"take_body"
+            out = b"%s|%s|%s|%s|%s" % (how, first, b"again" if again is not None else b"once",
+                                      wanted.get(b"mcp-session-id") or b"-", wanted.params.get(b"region") or b"-")
+            await ext["toolcell.respond"](201, [(b"content-length", b"%d" % len(out)), (b"x-kind", b"ext")], out)
+            return
         if path == "/early":  # answers before reading the body, like an auth or media-type rejection
             await send({"type": "http.response.start", "status": 401,
                         "headers": [(b"content-length", b"6")]})
@@ -50,6 +69,9 @@ class App:
                 break
         if path == "/boom":
             raise ValueError("app bug")
+        if path == "/ext-inject":
+            await scope["extensions"]["toolcell.respond"](200, [(b"x-evil", b"a\nset-cookie: stolen=1")], b"never")
+            return
         if path == "/inject":
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"x-evil", b"a\r\nset-cookie: stolen=1")]})
@@ -444,3 +466,36 @@ async def test_ambiguous_body_framing_gets_400(head: bytes) -> None:
             status, headers, _ = await c.response()
             assert status == 400 and headers[b"connection"] == b"close"
         assert srv.app.calls == 0
+
+
+# -- toolcell's extensions (what HttpApp uses on this server) ------------------------------------
+
+
+async def test_the_extensions_give_the_gathered_headers_a_body_once_and_a_whole_response_in_one_call() -> None:
+    async with running() as srv, client(srv) as c:
+        await c.send(post(b"/ext", b"hello", b"Mcp-Session-Id: s1", b"MCP-Param-Region: eu", b"MCP-Param-Region: us"))
+        status, headers, body = await c.response()
+        # The body came whole from take_body, and only once; repeated headers are joined.
+        assert (status, body) == (201, b"take_body|hello|once|s1|eu,us")
+        assert headers[b"x-kind"] == b"ext" and headers[b"content-length"] == b"%d" % len(body) and b"date" in headers
+        # The connection is reused, and a plain ASGI request after it still reads its body with receive.
+        await c.send(post(b"/a", b"plain"))
+        assert (await c.response())[2] == b"POST /a ? [plain]"
+
+
+async def test_a_body_still_on_its_way_is_not_taken_and_comes_through_receive() -> None:
+    async with running() as srv, client(srv) as c:
+        head = post(b"/ext", b"late body")
+        await c.send(head[: -len(b"late body")])  # the head now, the body after the app has started
+        await trio.sleep(0.05)
+        await c.send(b"late body")
+        status, _, body = await c.response()
+        assert (status, body) == (201, b"receive|late body|once|-|-")
+
+
+async def test_a_whole_response_with_a_cr_or_lf_in_a_header_is_refused_with_500() -> None:
+    async with running() as srv, client(srv) as c:
+        await c.send(post(b"/ext-inject", b""))
+        status, headers, body = await c.response()
+        assert status == 500 and b"set-cookie" not in headers and b"never" not in body
+        assert await c.closed()

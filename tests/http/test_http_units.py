@@ -149,6 +149,23 @@ def test_tokens_are_matched_by_hash_and_scopes_pick_tools() -> None:
     assert Authenticator(HttpConfig()).authenticate(None) is not None  # no tokens: authentication is off
 
 
+def test_matched_authorization_values_are_remembered_but_only_matches_and_only_so_many() -> None:
+    cfg = HttpConfig(tokens=[Token(principal="ci", sha256=hash_token("secret-1"), scopes=["*"])])
+    auth = Authenticator(cfg)
+    first = auth.authenticate(b"Bearer secret-1")
+    assert first is not None and auth.authenticate(b"Bearer secret-1") is first  # served from memory
+    # A wrong token is never remembered, so a stream of them cannot grow the memory or pass later.
+    for i in range(3 * Authenticator.MATCHED_MAX):
+        assert auth.authenticate(b"Bearer wrong-%d" % i) is None
+    assert len(auth._matched) == 1
+    # Many spellings of the right token (each one a match) stay within the bound, the oldest going first.
+    for i in range(Authenticator.MATCHED_MAX + 10):
+        assert auth.authenticate(b"Bearer " + b" " * i + b"secret-1") is first
+    assert len(auth._matched) == Authenticator.MATCHED_MAX
+    assert b"Bearer secret-1" not in auth._matched
+    assert auth.authenticate(b"Bearer secret-1") is first and auth.authenticate(b"Bearer secret-2") is None
+
+
 def test_the_http_config_is_checked_and_every_problem_is_reported_at_once() -> None:
     from runtime.config import ConfigError, load_config
 

@@ -108,3 +108,37 @@ async def test_a_body_that_never_arrives_gets_408_at_body_timeout_s(
         status, headers, _ = await post(app, INIT, body_arrives=False)
         assert status == 408 and headers[b"connection"] == b"close"
         assert 30.0 <= trio.current_time() - start < 30.1
+
+
+async def test_a_parked_handler_wakes_on_news_on_its_timer_or_on_cancellation_and_a_wake_with_nobody_parked_is_not_kept(
+        autojump_clock: trio.testing.MockClock) -> None:
+    from runtime.transports.http_sessions import CallBox
+
+    box = CallBox(stream=False)
+    box.wake()  # nobody parked: nothing is kept (the handler checks for work before it parks)
+    assert box.task is None and box.woken
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_done_after, box, 3.0)
+        started = trio.current_time()
+        await box.park()
+        assert box.final == b"answer" and trio.current_time() - started == 3.0 and box.task is None
+        box.unpark()  # a timer that fires after the news: no effect
+    timer = CallBox(stream=False)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_unpark_after, timer, 0.05)
+        await timer.park()
+        assert timer.final is None and not timer.woken  # the timer ended the wait, without news
+    with trio.move_on_after(1.0) as scope:
+        await CallBox(stream=False).park()
+    assert scope.cancelled_caught  # cancellation ends a park cleanly
+
+
+async def _done_after(box: Any, delay: float) -> None:
+    await trio.sleep(delay)
+    box.done(b"answer")
+    box.wake()  # a second wake: the task is already rescheduled, nothing happens twice
+
+
+async def _unpark_after(box: Any, delay: float) -> None:
+    await trio.sleep(delay)
+    box.unpark()
