@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(s[key] for s in server.samples)
 
     sdk = next((s for s in servers if s.name == "sdk"), None)
-    wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.split("\n")[0] \
+    wrk = " ".join(subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.split()[:2]) \
         if args.client == "wrk" else "toolcell bench"
     print(f"\ntools/call echo over Streamable HTTP, c={args.concurrency} keep-alive connections, client {wrk}; "
           f"median of {args.repeat} x {args.seconds:g} s; {psutil.cpu_count()} CPUs; load average after "

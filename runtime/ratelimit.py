@@ -8,8 +8,6 @@ exactly when to retry. Buckets are created lazily and the least recently used ar
 
 from __future__ import annotations
 
-
-
 from collections import OrderedDict
 from collections.abc import Hashable
 
@@ -24,17 +22,6 @@ class Bucket:
         self.capacity = limit.capacity
         self.tokens = self.capacity
         self.stamp = now
-
-    def take(self, now: float) -> float:
-        """Take one token; 0.0 if allowed, else the seconds until one is available."""
-        elapsed = now - self.stamp
-        if elapsed > 0:
-            self.tokens = min(self.capacity, self.tokens + elapsed * self.per_s)
-            self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        return (1.0 - self.tokens) / self.per_s
 
 
 class RateLimiter:
@@ -52,7 +39,16 @@ class RateLimiter:
                 self._buckets.popitem(last=False)
         else:
             self._buckets.move_to_end(key)
-        return bucket.take(now)
+        # Take one token: 0.0 if allowed, else the seconds until one is available. (Written here,
+        # not as a Bucket method: two limits are taken on every HTTP call.)
+        elapsed = now - bucket.stamp
+        if elapsed > 0:
+            bucket.tokens = min(bucket.capacity, bucket.tokens + elapsed * bucket.per_s)
+            bucket.stamp = now
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            return 0.0
+        return (1.0 - bucket.tokens) / bucket.per_s
 
     def __len__(self) -> int:
         return len(self._buckets)

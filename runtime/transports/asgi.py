@@ -6,7 +6,7 @@ Everything here talks raw ASGI (``scope``/``receive``/``send``); hypercorn does 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -27,35 +27,29 @@ _WANTED = frozenset({b"host", b"origin", b"authorization", b"accept", b"content-
 _PARAM_PREFIX = b"mcp-param-"
 
 
-class RequestHeaders:
-    """The request headers the transport looks at; repeated ones are joined with ``,``.
+class RequestHeaders(dict[bytes, bytes]):
+    """The request headers the transport looks at, by lower-case name (a dict: ``get`` is the
+    dict's own); repeated ones are joined with ``,``. ``params``: the ``Mcp-Param-*`` headers by
+    suffix. ``size``: the bytes the head took, for the header cap.
 
-    ``add`` takes one header line; toolcell's HTTP/1.1 server calls it while it parses (so the
-    lines are walked once), and the constructor does the same for a list (hypercorn, tests)."""
+    Built in one pass over the header lines, once a request's head is complete. toolcell's HTTP/1.1
+    server passes the names it already lower-cased and the size it already counted."""
 
-    __slots__ = ("h", "params", "size")
+    __slots__ = ("params", "size")
 
-    def __init__(self, raw: Iterable[tuple[bytes, bytes]] = ()) -> None:
-        self.h: dict[bytes, bytes] = {}
-        self.params: dict[bytes, bytes] = {}
-        #: Bytes the header lines took on the wire (HTTP/1.1 framing), for the header cap.
-        self.size = 0
+    def __init__(self, raw: Sequence[tuple[bytes, bytes]] = (), lowered: bool = False, size: int | None = None) -> None:
+        super().__init__()
+        params: dict[bytes, bytes] = {}
         for name, value in raw:
-            self.add(name.lower(), value)
-
-    def add(self, name: bytes, value: bytes) -> None:
-        """One header line; ``name`` already lower-case."""
-        self.size += len(name) + len(value) + 4
-        if name in _WANTED:
-            h = self.h
-            h[name] = h[name] + b"," + value if name in h else value
-        elif name.startswith(_PARAM_PREFIX):
-            params = self.params
-            key = name[len(_PARAM_PREFIX):]
-            params[key] = params[key] + b"," + value if key in params else value
-
-    def get(self, name: bytes) -> bytes | None:
-        return self.h.get(name)
+            if not lowered:
+                name = name.lower()
+            if name in _WANTED:
+                self[name] = self[name] + b"," + value if name in self else value
+            elif name.startswith(_PARAM_PREFIX):
+                key = name[len(_PARAM_PREFIX):]
+                params[key] = params[key] + b"," + value if key in params else value
+        self.params = params
+        self.size = size if size is not None else sum(len(name) + len(value) + 4 for name, value in raw)
 
 
 def accepts(accept: bytes | None) -> tuple[bool, bool]:

@@ -92,8 +92,8 @@ class _Request:
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
-        #: The headers the app reads, gathered while parsing (the ``toolcell.headers`` extension).
-        self.wanted = RequestHeaders()
+        #: The headers the app reads, once the head is complete (the ``toolcell.headers`` extension).
+        self.wanted: RequestHeaders | None = None
         self.size = 0
         self.method = b""
         self.keep_alive = True
@@ -158,7 +158,6 @@ class _Connection:
         if name == b"expect" and value.strip().lower() == b"100-continue":
             req.expect_continue = True
         req.headers.append((name, value))
-        req.wanted.add(name, value)
 
     def on_headers_complete(self) -> None:
         req = self.parsing
@@ -167,6 +166,7 @@ class _Connection:
         req.method = p.get_method()
         req.keep_alive = p.should_keep_alive()
         req.upgrade = p.should_upgrade()
+        req.wanted = RequestHeaders(req.headers, lowered=True, size=req.size)
         req.head_done = True
         self.head_bytes = 0
         self.ready.append(req)

@@ -145,7 +145,9 @@ class HttpApp:
             if scope["path"] == "/healthz" and method in ("GET", "HEAD"):
                 return self._healthz(r)
             return r.body(404, b"Not Found\n", b"text/plain")
-        headers = ext.get("toolcell.headers") or RequestHeaders(scope["headers"])
+        headers = ext.get("toolcell.headers")
+        if headers is None:
+            headers = RequestHeaders(scope["headers"])
         if headers.size > self.cfg.max_header_bytes:
             # hypercorn caps only heads that arrive in pieces; this catches one that came whole.
             return self._plain_error(r, 431, "Request Header Fields Too Large", [(b"connection", b"close")])
