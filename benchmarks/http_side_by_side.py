@@ -134,11 +134,19 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (all held open while choosing: a port closed and chosen again
+    would put two servers on one port)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _tree_cpu(pid: int) -> tuple[float, float]:
@@ -211,19 +219,27 @@ def main(argv: list[str] | None = None) -> int:
     script = os.path.join(work, "call.lua")
     Path(script).write_text(LUA)
     servers: list[Server] = []
+    ports = _free_ports(len(trees) + 1)
     try:
-        for name, directory in trees:
+        for (name, directory), port in zip(trees, ports, strict=False):
             os.makedirs(os.path.join(work, name))
             config = toolcell_http_config(os.path.join(work, name), os.path.join(directory, "benchmarks", "plugins"))
-            port = _free_port()
             servers.append(Server(name, [sys.executable, "-m", "runtime.cli", "serve", "--config", config, "--http",
                                          f"127.0.0.1:{port}"], directory, port, BENCH_TOKEN))
         if not args.no_sdk:
-            port = _free_port()
+            port = ports[-1]
             servers.append(Server("sdk", [sys.executable, str(BENCH_DIR / "peers" / "sdk_server.py"), "--http",
                                           "--port", str(port)], str(REPO), port, None))
         for server in servers:
             server.open_session(stateless=server.name == "sdk")
+        time.sleep(1)
+        for server in servers:  # each answered on its own port, and is still the one there
+            if server.proc.poll() is not None:
+                raise SystemExit(f"{server.name} exited (code {server.proc.returncode}) after start-up")
+            owner = [c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == server.port
+                     and c.status == psutil.CONN_LISTEN]
+            if owner and owner != [server.proc.pid]:
+                raise SystemExit(f"{server.name}: port {server.port} is held by pid {owner}, not {server.proc.pid}")
         out = os.path.join(work, "bench.json")
 
         def one(server: Server, seconds: float) -> dict[str, float]:
