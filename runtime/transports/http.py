@@ -22,6 +22,7 @@ How this works (hypercorn parses HTTP and runs this raw ASGI app on trio):
 from __future__ import annotations
 
 import collections
+import functools
 import math
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -284,9 +285,11 @@ class HttpApp:
     def _connection(self, principal: Principal, state: ConnState | None = None,
                     push: Callable[[bytes], None] | None = None) -> Connection:
         limited = self.cfg.tool_rate is not None or bool(self.cfg.tool_rates)
+        # A principal with every tool sees the whole catalog: no view to compute on each request.
         return Connection(self.daemon, state, principal.name, push=push,
-                          admit=(lambda call: self._tool_limited(call, principal)) if limited else None,
-                          catalog_view=lambda: principal.catalog(self.daemon.catalog))
+                          admit=functools.partial(self._tool_limited, principal=principal) if limited else None,
+                          catalog_view=None if principal.all_tools else
+                          (lambda: principal.catalog(self.daemon.catalog)))
 
     async def _answer(self, r: Responder, done: Dispatched, modern: bool) -> None:
         """Send what dispatching a non-call action came to."""
