@@ -61,16 +61,15 @@ from sandbox import wire
 
 
 class LineSink:
-    """A sink for a transport where everything goes down one stream (stdio)."""
+    """A sink for a transport where everything goes down one stream (stdio): notifications and
+    answers alike are ``write(data)``; an answer's error code changes nothing on the line."""
 
-    __slots__ = ("emit", "_write")
+    __slots__ = ("emit", "done")
 
-    def __init__(self, write: Callable[[bytes], None]) -> None:
+    def __init__(self, write: Callable[..., None]) -> None:
+        #: ``write(data)``, and ``write(data, error_code)`` for an answer: it must take and ignore the code.
         self.emit = write
-        self._write = write
-
-    def done(self, data: bytes, error_code: int | None = None) -> None:
-        self._write(data)
+        self.done = write
 
     def cancelled(self) -> None:
         pass

@@ -31,7 +31,8 @@ class _Writer:
         self.closing = True
         self.wake.set()
 
-    def emit(self, data: bytes) -> None:
+    def emit(self, data: bytes, error_code: int | None = None) -> None:
+        """Queue a line (``error_code``: an answer's, nothing to do with it on a line: see ``LineSink``)."""
         if self.broken:
             return
         self.pending.append(data)
