@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=1000, metavar="N", help="show at most N tasks, newest first")
     sub = p.add_subparsers(dest="tasks_command", metavar="show ID")
     show = sub.add_parser("show", help="one task: status, times, result, error, input requests")
-    show.add_argument("task_id", metavar="ID")
+    show.add_argument("task_id", metavar="ID", help="the task's id (one that begins with '-' goes after '--')")
     # Options may come after "show" too; SUPPRESS keeps the ones given before it.
     common(show, argparse.SUPPRESS)
 

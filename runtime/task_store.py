@@ -238,8 +238,12 @@ def wall_clock_ms() -> int:
 
 
 def new_task_id() -> str:
-    """An unguessable task id: 18 random bytes, 24 URL-safe characters."""
-    return secrets.token_urlsafe(18)
+    """An unguessable task id: 18 random bytes, 24 URL-safe characters, never beginning with ``-``
+    (on a command line, ``toolcell tasks show -abc`` would read as an option)."""
+    while True:
+        task_id = secrets.token_urlsafe(18)
+        if task_id[0] != "-":
+            return task_id
 
 
 def new_owner_id() -> str:

@@ -304,7 +304,13 @@ def test_a_warm_process_that_dies_is_replaced(start: Callable[..., Worker]) -> N
     w = start(mode="per_call")
     w.call("counter")
     zygote = psutil.Process(w.proc.pid).children()[0]
-    _relay, *warm = sorted(zygote.children(), key=lambda p: p.create_time())
+    # The zygote forks the next warm process after answering: wait (bounded) until one is there.
+    deadline = time.monotonic() + 5
+    while True:
+        _relay, *warm = sorted(zygote.children(), key=lambda p: p.create_time())
+        if warm or time.monotonic() > deadline:
+            break
+        time.sleep(0.005)
     assert warm
     for p in warm:
         p.kill()
