@@ -69,6 +69,10 @@ class App:
                 break
         if path == "/boom":
             raise ValueError("app bug")
+        if path == "/big":  # a whole response far larger than the socket's buffers
+            big = bytes(range(256)) * (32 * 1024)  # 8 MiB
+            await scope["extensions"]["toolcell.respond"](200, [(b"content-length", b"%d" % len(big))], big)
+            return
         if path == "/ext-inject":
             await scope["extensions"]["toolcell.respond"](200, [(b"x-evil", b"a\nset-cookie: stolen=1")], b"never")
             return
@@ -499,3 +503,24 @@ async def test_a_whole_response_with_a_cr_or_lf_in_a_header_is_refused_with_500(
         status, headers, body = await c.response()
         assert status == 500 and b"set-cookie" not in headers and b"never" not in body
         assert await c.closed()
+
+
+async def test_a_response_larger_than_the_socket_buffers_waits_for_a_slow_reader_and_arrives_whole() -> None:
+    async with running() as srv, client(srv) as c:
+        await c.send(post(b"/big", b""))
+        await trio.sleep(0.3)  # the server's send fills the buffers and must wait for room, not spin or drop
+        status, headers, body = await c.response(within_s=30)
+        assert status == 200 and body == bytes(range(256)) * (32 * 1024)
+        await c.send(post(b"/a", b"after"))  # and the connection is still good
+        assert (await c.response())[2] == b"POST /a ? [after]"
+
+
+async def test_a_client_gone_in_the_middle_of_a_large_response_costs_only_its_connection() -> None:
+    async with running() as srv:
+        stream = await trio.open_tcp_stream("127.0.0.1", srv.port)
+        await stream.send_all(post(b"/big", b""))
+        await stream.receive_some(1024)  # the response has begun
+        await stream.aclose()  # gone, with megabytes still to come
+        async with client(srv) as c:  # the server serves on
+            await c.send(post(b"/a", b"next"))
+            assert (await c.response())[2] == b"POST /a ? [next]"
