@@ -142,3 +142,34 @@ async def _done_after(box: Any, delay: float) -> None:
 async def _unpark_after(box: Any, delay: float) -> None:
     await trio.sleep(delay)
     box.unpark()
+
+
+async def test_allowed_host_values_are_remembered_but_a_foreign_one_is_still_refused_and_the_memory_is_bounded(
+        tmp_path: Any) -> None:
+    async def with_host(app: HttpApp, host: bytes) -> int:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": json.dumps(INIT).encode(), "more_body": False}
+
+        async def send(event: dict[str, Any]) -> None:
+            sent.append(event)
+
+        headers = [(b"host", host), *JSON_HEADERS[1:]]
+        await app({"type": "http", "method": "POST", "path": "/mcp", "headers": headers, "query_string": b""},
+                  receive, send)
+        return int(next(e for e in sent if e["type"] == "http.response.start")["status"])
+
+    async with app_with(tmp_path) as app:
+        assert await with_host(app, b"127.0.0.1:8000") == 200
+        assert await with_host(app, b"127.0.0.1:8000") == 200  # served from memory
+        # Only allowed values are kept: a foreign one is refused every time, and never remembered.
+        for _ in range(2):
+            assert await with_host(app, b"evil.example.com") == 403
+        assert b"evil.example.com" not in app._hosts_seen
+        # Every port of an allowed name is a different value: the memory stops growing at 256.
+        for port in range(300):
+            assert await with_host(app, b"localhost:%d" % port) == 200
+        assert len(app._hosts_seen) == 256
+        assert await with_host(app, b"localhost:65000") == 200  # beyond it: checked, not kept
+        assert await with_host(app, b"evil.example.com:80") == 403
