@@ -105,6 +105,14 @@ class _Request:
         self.complete = False
         self.continue_sent = False
 
+    def take_buffered(self) -> bytes:
+        """The body bytes parsed so far, in one piece; the buffer is left empty."""
+        body = self.body
+        data = (body.popleft() if len(body) == 1 else b"".join(body)) if body else b""
+        body.clear()
+        self.body_size = 0
+        return data
+
 
 class _Connection:
     """One client connection: parse, run the app for each request in turn, write responses."""
@@ -299,14 +307,11 @@ class _Connection:
             self.closed = True
             raise BrokenPipeError("connection closed") from None
 
-    def _close_socket(self) -> None:
+    def close(self) -> None:
         self.closed = True
         if self.raw.fileno() != -1:
             trio.lowlevel.notify_closing(self.raw)  # wakes a task parked on it (ClosedResourceError)
             self.raw.close()
-
-    async def close(self) -> None:
-        self._close_socket()
 
     # -- one connection -----------------------------------------------------------------------
 
@@ -342,7 +347,7 @@ class _Connection:
                 if not exchange.reusable():
                     return
         finally:
-            self._close_socket()
+            self.close()
 
 
 class _Exchange:
@@ -411,9 +416,7 @@ class _Exchange:
                 return _DISCONNECT
             if not self.delivered:
                 if req.body:
-                    chunk = req.body.popleft() if len(req.body) == 1 else b"".join(req.body)
-                    req.body.clear()
-                    req.body_size = 0
+                    chunk = req.take_buffered()
                     more = not req.complete
                     self.delivered = not more
                     return {"type": "http.request", "body": chunk, "more_body": more}
@@ -451,12 +454,8 @@ class _Exchange:
         req = self.req
         if self.delivered or not req.complete:
             return None
-        body = req.body
-        data = (body.popleft() if len(body) == 1 else b"".join(body)) if body else b""
-        body.clear()
-        req.body_size = 0
         self.delivered = True
-        return data
+        return req.take_buffered()
 
     async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A whole response (``headers`` carry its content-length) in one write: what an

@@ -213,6 +213,10 @@ class HttpApp:
 
     # -- POST ----------------------------------------------------------------------------------
 
+    async def _too_large(self, r: Responder) -> None:
+        await self._plain_error(r, 413, f"Payload Too Large: the limit is {self.max_body} bytes",
+                                [(b"connection", b"close")])
+
     async def _post(self, r: Responder, headers: RequestHeaders, principal: Principal, receive: Receive,
                     body: bytes | None = None) -> None:
         """``body``: the whole body when the server already has it (no deadline needed to read it)."""
@@ -230,9 +234,9 @@ class HttpApp:
         if not (can_json or can_sse):
             return await self._plain_error(r, 406, "Not Acceptable: accept application/json or text/event-stream")
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            return await self._plain_error(r, 413, f"Payload Too Large: the limit is {self.max_body} bytes",
-                                           [(b"connection", b"close")])
+        if (length is not None and length.isdigit() and int(length) > self.max_body) or \
+                (body is not None and len(body) > self.max_body):
+            return await self._too_large(r)
         self.active += 1
         try:
             if body is None:
@@ -240,23 +244,19 @@ class HttpApp:
                     try:
                         body = await read_body(receive, self.max_body)
                     except BodyTooLarge:
-                        return await self._plain_error(r, 413, f"Payload Too Large: the limit is {self.max_body} bytes",
-                                                       [(b"connection", b"close")])
+                        return await self._too_large(r)
                     except ClientGone:
                         return
                 if deadline.cancelled_caught:
                     return await self._plain_error(r, 408, "Request Timeout: the body took too long",
                                                    [(b"connection", b"close")])
-            elif len(body) > self.max_body:
-                return await self._plain_error(r, 413, f"Payload Too Large: the limit is {self.max_body} bytes",
-                                               [(b"connection", b"close")])
             assert body is not None
             await self._message(r, headers, principal, body, can_json, can_sse, receive)
         finally:
             self.active -= 1
 
     def _message(self, r: Responder, headers: RequestHeaders, principal: Principal, body: bytes,
-                       can_json: bool, can_sse: bool, receive: Receive) -> Awaitable[None]:
+                 can_json: bool, can_sse: bool, receive: Receive) -> Awaitable[None]:
         # The body is decoded once here; the core reads each params once (``parse``) and chooses the era.
         try:
             env = rpc.decode_envelope(body)
@@ -303,6 +303,14 @@ class HttpApp:
         status = status_of_code(done.error_code, modern) if done.error_code is not None else 200
         await r.body(status, done.data)
 
+    @staticmethod
+    async def _stream_pending(r: Responder, box: CallBox) -> None:
+        """Send what ``box`` holds as SSE events, switching the response to SSE first if needed."""
+        batch, box.pending = box.pending, []
+        if not r.started:
+            await r.start_sse()
+        await r.events(batch)
+
     async def _streamed(self, r: Responder, done: Dispatched, box: CallBox) -> None:
         """Send what a legacy request that waits on the task store came to, streaming what it emits
         meanwhile (our requests to the client) as SSE before its answer."""
@@ -318,15 +326,11 @@ class HttpApp:
             nursery.start_soon(work)
             while True:
                 if box.pending:
-                    batch, box.pending = box.pending, []
-                    if not r.started:
-                        await r.start_sse()
-                    await r.events(batch)
+                    await self._stream_pending(r, box)
                     continue
                 if outcome:
                     break
-                if not (box.pending or outcome):
-                    await box.park()
+                await box.park()
         data, code = outcome[0]
         if data is None:
             return await (r.end() if r.started else r.body(202, b"", None))
@@ -565,10 +569,7 @@ class HttpApp:
                         r.gone = True
                         continue
                     if box.pending:
-                        batch, box.pending = box.pending, []
-                        if not r.started:
-                            await r.start_sse()
-                        await r.events(batch)
+                        await self._stream_pending(r, box)
                         continue
                     if box.final is not None:
                         detached = True

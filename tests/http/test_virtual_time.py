@@ -173,3 +173,24 @@ async def test_allowed_host_values_are_remembered_but_a_foreign_one_is_still_ref
         assert len(app._hosts_seen) == 256
         assert await with_host(app, b"localhost:65000") == 200  # beyond it: checked, not kept
         assert await with_host(app, b"evil.example.com:80") == 403
+
+
+async def test_a_whole_body_over_the_cap_handed_over_by_the_server_gets_413_without_a_content_length(
+        tmp_path: Any) -> None:
+    # A chunked body has no Content-Length to refuse it early: the whole body taken from the server
+    # (the toolcell.take_body extension) is measured before anything reads it.
+    async with app_with(tmp_path, max_body_bytes=1024) as app:
+        sent: list[dict[str, Any]] = []
+        big = json.dumps({**LIST, "params": {"pad": "x" * 4096}}).encode()
+
+        async def receive() -> dict[str, Any]:
+            raise AssertionError("the body was handed over whole; receive is not for it")
+
+        async def send(event: dict[str, Any]) -> None:
+            sent.append(event)
+
+        scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": JSON_HEADERS, "query_string": b"",
+                 "extensions": {"toolcell.take_body": lambda: big}}
+        await app(scope, receive, send)
+        start = next(e for e in sent if e["type"] == "http.response.start")
+        assert start["status"] == 413 and (b"connection", b"close") in start["headers"]
