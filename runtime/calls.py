@@ -61,11 +61,6 @@ class CallDispatcher:
             self.inflight -= 1
             if not self.inflight and self._idle is not None:
                 self._idle.set()
-            result = slot.result
-            if slot.error is None and result is not None and not result.traceback and not self.hooks:
-                self.stats["calls"] += 1  # the common case: what ``_finish`` does, with nothing to log
-                on_outcome(Completed(result))
-                return
             try:
                 outcome = self._finish(call, slot, principal, started)
             except Exception as exc:  # our bug: the call is answered -32603 rather than left hanging

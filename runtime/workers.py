@@ -607,9 +607,7 @@ class WorkerPool:
             self._drain_event.set()
 
     def _complete(self, slot: Slot) -> None:
-        self.in_flight -= 1  # ``_release``, written out: this runs for every call
-        if not self.in_flight and self._drain_event is not None:
-            self._drain_event.set()
+        self._release()
         if slot.error is not None and slot.error.kind in LIMIT_KINDS:
             self.limit_kills += 1
         slot.finish()

@@ -781,8 +781,7 @@ class Core:
         if type(outcome) is Completed:  # the common case first, without the pattern machinery
             result = outcome.result
             if result.missing_capability is None and result.request_error is None:
-                body, bug = self._call_result_body(call, result, max_output_bytes)  # ``call_result``
-                return rpc.response(call.id_bytes, body), bug
+                return self.call_result(call, result, max_output_bytes)
         match outcome:
             case Completed(result) if result.missing_capability is not None and call.modern:
                 return self.call_error(call, self._missing_capability(call, result.missing_capability)), None
