@@ -113,7 +113,15 @@ def sanitize_item(item: Any, where: str) -> dict[str, Any]:
 
 
 def sanitize_content(items: list[Any]) -> list[dict[str, Any]]:
-    return [sanitize_item(item, f"content[{i}]") for i, item in enumerate(items)]
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        # The common item, a text block with nothing else, is already clean: kept as it is (a
+        # fresh dict decoded from the worker's frame, shared with nobody).
+        if type(item) is dict and len(item) == 2 and item.get("type") == "text" and type(item.get("text")) is str:
+            out.append(item)
+        else:
+            out.append(sanitize_item(item, f"content[{i}]"))
+    return out
 
 
 def check_structured(output_validator: Any, structured: Any) -> None:

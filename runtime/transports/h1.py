@@ -37,6 +37,7 @@ from urllib.parse import unquote
 import httptools
 import trio
 
+from runtime.clock import clock_reader
 from runtime.http_config import HttpConfig
 from runtime.logs import log
 from runtime.transports.asgi import RequestHeaders
@@ -134,7 +135,7 @@ class _Connection:
         self.closed = False
         #: True while waiting for the next request; ``idle_since`` is when that began.
         self.idle = True
-        self.idle_since = trio.current_time()
+        self.idle_since = server.now()
         #: Wraps the whole connection; the server's sweeper cancels it only while ``idle``.
         self.scope = trio.CancelScope()
 
@@ -265,7 +266,7 @@ class _Connection:
                 self.idle = True
                 if not idle_started:
                     idle_started = True
-                    self.idle_since = trio.current_time()
+                    self.idle_since = self.server.now()
                 try:
                     await self._read_once()
                 finally:
@@ -564,6 +565,8 @@ class H1Server:
         #: Set when the last connection closes (shutdown waits on it, within its grace).
         self._all_closed = trio.Event()
         self.stopping = False
+        #: trio's clock, read in one call (``runtime.clock``).
+        self.now = clock_reader()
 
     async def _accept_loop(self, listener: socket.socket, nursery: trio.Nursery) -> None:
         tcp = listener.family in (socket.AF_INET, socket.AF_INET6)

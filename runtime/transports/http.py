@@ -31,6 +31,7 @@ import msgspec
 import trio
 
 from runtime.auth import Authenticator, Principal
+from runtime.clock import clock_reader
 from runtime.daemon import Daemon
 from runtime.http_config import HttpConfig
 from runtime.logs import log
@@ -97,6 +98,8 @@ class HttpApp:
         self.cfg = cfg
         self.path = cfg.path
         self.auth = Authenticator(cfg)
+        #: trio's clock, read in one call (``runtime.clock``).
+        self._clock = clock_reader()
         self.hosts = set(_LOOPBACK_NAMES) | {_host_name(h) for h in cfg.allowed_hosts}
         self.hosts |= {_host_name(h) for h in bound_hosts}
         self.any_host = "*" in cfg.allowed_hosts
@@ -267,7 +270,7 @@ class HttpApp:
             id_bytes = rpc.encode_id(env.id)
         rate = principal.rate or self.cfg.principal_rate
         # One reading of the clock for this request's limits (a tool's limit is taken in this same tick).
-        self._now = now = trio.current_time()
+        self._now = now = self._clock()
         if rate is not None:
             wait = self.limiter.take(("principal", principal.name), rate, now)
             if wait > 0:
@@ -588,7 +591,7 @@ class HttpApp:
         finally:
             if session is not None:
                 session.busy -= 1
-                session.last_seen = trio.current_time()
+                session.last_seen = self._clock()
 
     # -- GET and DELETE (legacy sessions only) -------------------------------------------------
 
