@@ -119,6 +119,11 @@ def test_structured_content_must_be_an_object_even_without_an_output_schema() ->
     ({"type": "resource", "resource": {"uri": "test://r", "text": "a", "blob": PNG_B64}}, "text"),
     ({"type": "resource", "resource": {"uri": "test://r", "blob": "@@@"}}, "base64"),
     ({"type": "text"}, "text"),
+    # Two keys, like the plain text item kept as decoded, but not one: each is checked in full.
+    ({"type": "text", "text": 5}, "text"),
+    ({"type": "text", "evil": "x"}, "text"),
+    ({"text": "x", "evil": "x"}, "type"),
+    ({"type": "video", "text": "x"}, "type"),
     ({"type": "video", "data": PNG_B64}, "type"),
     ("just a string", "object"),
     ({"type": "text", "text": "x", "annotations": {"priority": 7}}, "priority"),
@@ -135,11 +140,15 @@ def test_malformed_content_items_become_an_is_error_result(item: Any, why: str, 
 
 def test_content_items_are_rebuilt_without_unknown_fields() -> None:
     result, bug = finish("2025-11-25", [
+        {"type": "text", "text": "plain"},
+        {"type": "text", "text": "hi", "evil": "<script>"},
         {"type": "text", "text": "hi", "evil": "<script>", "annotations": {"priority": 0.5, "junk": 1}},
         {"type": "image", "data": PNG_B64, "mimeType": "image/png", "extra": [1, 2]},
     ])
     assert bug is None
     assert result["content"] == [
+        {"type": "text", "text": "plain"},
+        {"type": "text", "text": "hi"},
         {"type": "text", "text": "hi", "annotations": {"priority": 0.5}},
         {"type": "image", "data": PNG_B64, "mimeType": "image/png"},
     ]
