@@ -21,7 +21,9 @@ from runtime.bench.load import Flight, ListWalk, Loop, walk_step
 from runtime.bench.procs import Server
 from runtime.bench.scenario import CompiledCall
 
-READ_CHUNK = 1 << 20
+#: One ``read`` of the server's stdout: a pipe holds 64 KiB, and a buffer above glibc's mmap threshold
+#: (128 KiB) would be mapped and unmapped on every read (see ``http_client.READ_CHUNK``).
+READ_CHUNK = 64 * 1024
 MAX_LINE_BYTES = 64 << 20
 MAX_REMEMBERED_TIMEOUTS = 100_000
 

@@ -199,6 +199,18 @@ def test_the_modern_era_is_spoken_over_stdio_and_http(tmp_path: Path) -> None:
     assert all(r["calls_per_s"] > 0 and r["errors"] == {} for r in report["summary"])
 
 
+def test_answers_longer_than_one_read_arrive_whole_over_stdio_and_http(tmp_path: Path) -> None:
+    from runtime.bench import http_client, stdio_client
+
+    # At least two reads each (and under the 128 KiB a single command-line argument may hold).
+    text = "y" * (max(http_client.READ_CHUNK, stdio_client.READ_CHUNK) + 30_000)
+    proc, report = bench(tmp_path, "trivial", "trivial+http", "--tool", "echo", "--args", json.dumps({"text": text}),
+                         "--expect-text", text, "-c", "2", *SHORT, "--no-ceiling")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {t["name"]: t["status"] for t in report["targets"]} == {"trivial": "ok", "trivial+http": "ok"}
+    assert all(r["calls_per_s"] > 0 and r["errors"] == {} for r in report["summary"])
+
+
 def test_toolcell_targets_say_where_a_calls_time_goes_per_plugin(tmp_path: Path) -> None:
     proc, report = bench(tmp_path, "toolcell:benchmarks/plugins", "toolcell+http:benchmarks/plugins", "--tool",
                          "echo", "--args", '{"text": "x"}', "-c", "4", *SHORT, "--no-ceiling", timeout=150)
