@@ -197,8 +197,8 @@ class Worker:
 class Slot(msgspec.Struct, eq=False):
     """One call on its way through a pool. ``on_done(slot)`` runs once, when it has an outcome.
 
-    Made with ``Slot.of`` (one per call: a Struct fills its defaults in C, in half the time of a
-    class's ``__init__``; compared by identity)."""
+    Made by ``WorkerPool.new_slot`` (one per call: a Struct fills its defaults in C, in half the time
+    of a class's ``__init__``; compared by identity)."""
 
     call: wire.Call
     #: The encoded Call frame.
@@ -224,13 +224,6 @@ class Slot(msgspec.Struct, eq=False):
     #: perf_counter() when the pool took the call, and when a worker started on it.
     queued_at: float = 0.0
     started_at: float = 0.0
-
-    @classmethod
-    def of(cls, call: wire.Call, on_event: Callable[[Any], None] | None,
-           on_done: Callable[[Slot], None] | None = None) -> Slot:
-        """A slot for ``call``. Encoding its frame raises here (OverflowError for integers beyond 64
-        bits, ...), so that an unencodable argument fails its own call before it is queued anywhere."""
-        return cls(call, wire.encode_frame(call), on_event, on_done)
 
     def finish(self) -> None:
         if self.finished:
@@ -522,7 +515,10 @@ class WorkerPool:
     def new_slot(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                  on_event: Callable[[Any], None] | None, on_done: Callable[[Slot], None] | None = None) -> Slot:
         self._next_call_id += 1
-        return Slot.of(wire.Call(self._next_call_id, tool, arguments, progress, log_level), on_event, on_done)
+        call = wire.Call(self._next_call_id, tool, arguments, progress, log_level)
+        # Encoding the frame raises here (OverflowError for integers beyond 64 bits, ...): an
+        # unencodable argument fails its own call, before it is queued anywhere.
+        return Slot(call, wire.encode_frame(call), on_event, on_done)
 
     def submit(self, slot: Slot) -> None:
         """Start ``slot`` on an idle worker or queue it. Raises ``PoolBusy`` / ``WorkerFailure``."""

@@ -89,6 +89,16 @@ async def test_structured_results_come_back_with_their_json_text(peer: StdioPeer
     assert response["result"]["content"][0]["text"].replace(" ", "") == '{"result":42}'
 
 
+async def test_an_integer_no_worker_frame_can_carry_fails_its_own_call_before_it_is_queued(peer: StdioPeer) -> None:
+    # Valid JSON and a valid "integer" for the schema, but beyond what the worker channel (msgpack,
+    # 64 bits) can carry: the call is refused with -32602, nothing is queued, the pool goes on.
+    response = await peer.call("add", {"a": 10**30, "b": 1})
+    assert response["error"]["code"] == -32602, response
+    assert "cannot be passed to a worker" in response["error"]["message"]
+    assert (await peer.call("add", {"a": 2, "b": 40}))["result"]["structuredContent"] == {"result": 42}
+    await assert_still_serving(peer)
+
+
 async def test_a_crashing_tool_fails_only_its_call_and_the_next_call_works(peer: StdioPeer) -> None:
     response = await peer.call("crash", {"code": 3}, token="c")
     assert_is_error(response, "crash")
