@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 import signal
 import time
@@ -297,7 +298,7 @@ def test_a_call_cannot_leave_processes_behind(start: Callable[..., Worker], requ
     deadline = time.monotonic() + 5
     while len(_worker_processes(w.proc.pid)) > steady and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert len(_worker_processes(w.proc.pid)) <= steady
+    assert len(_worker_processes(w.proc.pid)) <= steady, _describe_processes(w.proc.pid)
 
 
 def test_a_warm_process_that_dies_is_replaced(start: Callable[..., Worker]) -> None:
@@ -354,6 +355,21 @@ def _worker_processes(pid: int) -> list[int]:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         return []
+
+
+def _describe_processes(pid: int) -> str:
+    """Each process under ``pid``: its parent, state, age and command (what a failure left behind)."""
+    lines = []
+    try:
+        for p in psutil.Process(pid).children(recursive=True):
+            try:
+                lines.append(f"{p.pid} (parent {p.ppid()}, {p.status()}, {time.time() - p.create_time():.2f} s old,"
+                             f" session {os.getsid(p.pid)}): {' '.join(p.cmdline())[:120]}")
+            except (psutil.Error, OSError) as exc:
+                lines.append(f"{p.pid}: {exc}")
+    except psutil.Error as exc:
+        lines.append(str(exc))
+    return "processes left: " + "; ".join(lines)
 
 
 
