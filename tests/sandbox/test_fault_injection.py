@@ -147,7 +147,15 @@ async def test_random_worker_kills_lose_no_call_and_leave_no_zombie(make_plugin:
         assert kills > 10, "the killer did not get to kill anything"
         assert len(ids) == (CALLS // CONCURRENCY) * CONCURRENCY
         assert all(answers.get(i) == 1 for i in ids), "a call was answered not exactly once"
-        again = await peer.call("work", {"ms": 1})
-        assert again["result"]["content"][0]["text"] == "done"
+        # The killer's last SIGKILL can land on an idle worker just before it stopped: a call sent
+        # there before the pool hears of the death fails like any call on a killed worker. The
+        # daemon must go on serving: a few tries, each either done or that failure.
+        for _ in range(5):
+            again = await peer.call("work", {"ms": 1})
+            text = again["result"]["content"][0]["text"]
+            if text == "done":
+                break
+            assert again["result"].get("isError") and "killed by SIGKILL" in text, again
+        assert text == "done", again
         problems = await settled(daemon_pid, max_workers=4)
         assert not problems, f"left under the running daemon: {problems}"
