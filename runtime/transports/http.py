@@ -432,7 +432,7 @@ class HttpApp:
             await answering
         finally:
             session.busy -= 1
-            session.last_seen = trio.current_time()
+            session.last_seen = self._clock()
 
     async def _initialize(self, r: Responder, principal: Principal, env: rpc.Envelope) -> None:
         state = ConnState()
@@ -475,7 +475,7 @@ class HttpApp:
             await r.body(200, data)
         finally:
             session.busy -= 1
-            session.last_seen = trio.current_time()
+            session.last_seen = self._clock()
 
     # -- tool calls (both eras) ----------------------------------------------------------------
 
@@ -635,7 +635,7 @@ class HttpApp:
             self.streams -= 1
             if session.stream is stream:
                 session.stream = None
-            session.last_seen = trio.current_time()
+            session.last_seen = self._clock()
 
     async def _delete(self, r: Responder, headers: RequestHeaders, principal: Principal) -> None:
         session = self._session_for(headers, principal)
