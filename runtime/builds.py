@@ -29,7 +29,15 @@ from runtime import egress
 from runtime.egress_rules import Grant
 from runtime.logs import log
 from runtime.protocol.errors import WorkerFailure
-from runtime.processes import LIVE_WORKER_PIDS, LIVE_WORKER_TOKENS, SPAWNED, WORKER_MARKER, WORKER_SYS_PATH, kill_tree
+from runtime.processes import (
+    LIVE_WORKER_PIDS,
+    LIVE_WORKER_TOKENS,
+    SPAWNED,
+    WORKER_MARKER,
+    WORKER_SYS_PATH,
+    kill_tree,
+    spawn_process,
+)
 from runtime.workers import Worker
 from sandbox import wire
 from sandbox.isolation import cgroups
@@ -74,12 +82,11 @@ def _prepare(argv: list[str], name: str, workdir: str, state_dir: str, policy: s
 async def run(argv: list[str], *, name: str, workdir: str, state_dir: str, policy: str, python: str) -> str:
     """Run ``argv`` (uv) in a sandbox that may write ``workdir`` and reach the package index only.
     Returns its output; raises ``BuildError`` with it when the command fails."""
-    from runtime.hosted_session import spawn_piped
     from runtime.policy import check_layers
 
     scratch, token, env, init = _prepare(argv, name, workdir, state_dir, policy, python)
     LIVE_WORKER_TOKENS.add(token)
-    proc, raw = await spawn_piped(env, scratch)
+    proc, raw = await spawn_process(env, scratch, piped=True)
     LIVE_WORKER_PIDS.add(proc.pid)
     ipc = Worker(proc, raw, scratch, wire.MAX_FRAME_BYTES)
     output = bytearray()

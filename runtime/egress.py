@@ -46,6 +46,7 @@ from runtime.egress_rules import (
     vet,
 )
 from runtime.logs import log
+from runtime.protocol.errors import WorkerFailure
 
 HEAD_TIMEOUT_S = 10.0
 RESOLVE_TIMEOUT_S = 10.0
@@ -397,6 +398,24 @@ async def _handle(stream: trio.SocketStream, grant: Grant, rec: _Record, release
             plugin=rec.plugin, pid=rec.pid, kind=rec.kind, host=rec.host, port=rec.port, address=rec.address,
             outcome=rec.outcome, reason=rec.reason, bytes_up=rec.bytes_up, bytes_down=rec.bytes_down,
             duration_ms=round((trio.current_time() - started) * 1000, 1))
+
+
+def start_proxy(nursery: trio.Nursery, grant: Grant | None, plugin: str, pid: int, fds: list[int], port: int,
+                already: bool) -> trio.CancelScope:
+    """Serve the proxy listener a worker handed over (the first of ``fds``, see ``adopt_listener``)
+    in ``nursery``; returns the scope that ends it. ``already``: this worker has a proxy running.
+
+    Raises ``WorkerFailure`` ("garbage") when the plugin has no grant, when a second listener
+    comes, or when the socket is not the one the frame names: the worker misbehaved."""
+    if not grant or already:
+        raise WorkerFailure("garbage", "the worker sent an egress socket its plugin has no grant for")
+    try:
+        listener = adopt_listener(fds, port)
+    except ValueError as exc:
+        raise WorkerFailure("garbage", str(exc)) from None
+    scope = trio.CancelScope()
+    nursery.start_soon(serve_proxy, listener, grant, plugin, pid, scope)
+    return scope
 
 
 async def serve_proxy(listener: socket.socket, grant: Grant, plugin: str, pid: int,

@@ -29,8 +29,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
 import tempfile
 import time
 from typing import Any, Callable, Protocol, cast
@@ -46,9 +44,9 @@ from runtime.processes import (
     LIVE_WORKER_TOKENS,
     SPAWNED,
     WORKER_SYS_PATH,
-    _PYTHON,
     PoolSpec,
     kill_tree,
+    spawn_process,
     sweep_orphans,
 )
 from runtime.protocol.errors import WorkerFailure
@@ -193,7 +191,7 @@ class Instance:
         env.setdefault("HOME", self.scratch)
         env.setdefault("TMPDIR", "/tmp")
         try:
-            self.proc, raw = await spawn_piped(env, self.scratch)
+            self.proc, raw = await spawn_process(env, self.scratch, piped=True)
         except OSError as exc:
             LIVE_WORKER_TOKENS.discard(self.token)
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -262,14 +260,8 @@ class Instance:
         try:
             msg = await ipc.read_message(with_fds=True)
             if isinstance(msg, wire.EgressListener):
-                if not runner.grant or self.egress is not None:
-                    raise WorkerFailure("garbage", "the worker sent an egress socket its plugin has no grant for")
-                try:
-                    listener = egress.adopt_listener(ipc.fds, msg.port)
-                except ValueError as exc:
-                    raise WorkerFailure("garbage", str(exc)) from None
-                self.egress = trio.CancelScope()
-                runner.nursery.start_soon(egress.serve_proxy, listener, runner.grant, runner.name, self.pid, self.egress)
+                self.egress = egress.start_proxy(runner.nursery, runner.grant, runner.name, self.pid, ipc.fds, msg.port,
+                                                 self.egress is not None)
                 msg = await ipc.read_message(with_fds=True)
         finally:
             ipc.close_fds()
@@ -740,27 +732,3 @@ def _version() -> str:
     from runtime import __version__
 
     return str(__version__)
-
-
-async def spawn_piped(env: dict[str, str], cwd: str) -> tuple[trio.Process, socket.socket]:
-    """Start a worker interpreter with its IPC socket on fd 3 and stdin, stdout, stderr as three pipes
-    (``processes.spawn_process`` merges stderr into stdout and closes stdin: a plugin's prints; here
-    stdin and stdout are the server's MCP channel)."""
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    fd = child.fileno()
-    move = "" if fd == 3 else f"import os;os.dup2({fd},3);os.close({fd});"
-    bootstrap = f"{move}import sys;sys.path[:0]={WORKER_SYS_PATH!r};from sandbox.worker import main;main(3)"
-    try:
-        proc = await trio.lowlevel.open_process(
-            [_PYTHON, "-I", "-S", "-B", "-c", bootstrap],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(fd,), start_new_session=True, env=env, cwd=cwd,
-        )
-    except BaseException:
-        parent.close()
-        raise
-    finally:
-        child.close()
-    SPAWNED[proc.pid] = proc
-    parent.setblocking(False)
-    return proc, parent

@@ -223,10 +223,15 @@ class PoolSpec:
         return env
 
 
-async def spawn_process(env: dict[str, str], cwd: str, spare: bool = False) -> tuple[trio.Process, socket.socket]:
+async def spawn_process(env: dict[str, str], cwd: str, spare: bool = False,
+                        piped: bool = False) -> tuple[trio.Process, socket.socket]:
     """Start ``sandbox.worker.main`` in a fresh ``python -I -S -B`` with its IPC socket on fd 3, in a
-    session of its own; returns the process and our (non-blocking) end of the socket. ``spare``:
-    it will adopt the environment its ``Init`` frame carries (``runtime.spares``). Raises OSError."""
+    session of its own; returns the process and our (non-blocking) end of the socket. Raises OSError.
+
+    ``spare``: it will adopt the environment its ``Init`` frame carries (``runtime.spares``).
+    ``piped``: stdin, stdout and stderr are three pipes (a hosted server's MCP channel and its log,
+    ``runtime.hosted_session``; a build, ``runtime.builds``); otherwise stdin is closed and stderr
+    joins stdout (a plugin's prints, kept for its log)."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = child.fileno()
     # The IPC socket always lands on fd 3 in the worker (only 0-2 and it survive the exec).
@@ -238,9 +243,9 @@ async def spawn_process(env: dict[str, str], cwd: str, spare: bool = False) -> t
     try:
         proc = await trio.lowlevel.open_process(
             [_PYTHON, "-I", "-S", "-B", "-c", bootstrap],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if piped else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE if piped else subprocess.STDOUT,
             pass_fds=(fd,),
             start_new_session=True,
             env=env,

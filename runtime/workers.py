@@ -375,14 +375,8 @@ class WorkerPool:
 
     def _start_egress(self, worker: Worker, msg: wire.EgressListener) -> None:
         """Serve the proxy socket the worker handed over (see ``runtime.egress``)."""
-        if not self.grant or worker.egress is not None:
-            raise WorkerFailure("garbage", "the worker sent an egress socket its plugin has no grant for")
-        try:
-            listener = egress.adopt_listener(worker.fds, msg.port)
-        except ValueError as exc:
-            raise WorkerFailure("garbage", str(exc)) from None
-        worker.egress = trio.CancelScope()
-        self.nursery.start_soon(egress.serve_proxy, listener, self.grant, self.name, worker.pid, worker.egress)
+        worker.egress = egress.start_proxy(self.nursery, self.grant, self.name, worker.pid, worker.fds, msg.port,
+                                           worker.egress is not None)
 
     def _check_layers(self, ready: wire.Ready, worker: Worker) -> str | None:
         from runtime.policy import EGRESS_LAYER, check_layers

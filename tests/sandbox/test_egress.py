@@ -452,6 +452,45 @@ def test_adopt_listener_accepts_only_a_listening_loopback_tcp_socket() -> None:
     os.close(w)
 
 
+async def test_start_proxy_refuses_a_socket_without_a_grant_or_a_second_one_and_serves_a_granted_one() -> None:
+    """The one place both the plugin pools and hosted servers take a worker's proxy socket: a plugin
+    without a grant, a second socket, or a socket that is not the named listener is the worker's
+    fault (``garbage``); a good one is served until its scope is cancelled, and then closed."""
+    from runtime.protocol.errors import WorkerFailure
+
+    def listener() -> tuple[socket.socket, int]:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        return sock, sock.getsockname()[1]
+
+    granted = grant("127.0.0.1:1")
+    async with trio.open_nursery() as nursery:
+        for g, already in [(Grant([]), False), (granted, True)]:
+            sock, port = listener()
+            fds = [os.dup(sock.fileno())]
+            with pytest.raises(WorkerFailure) as refused:
+                egress.start_proxy(nursery, g, "p", 1, fds, port, already)
+            assert refused.value.kind == "garbage" and "no grant" in str(refused.value)
+            assert len(fds) == 1  # not taken: the owner of ``fds`` closes it
+            os.close(fds[0])
+            sock.close()
+        r, w = os.pipe()
+        with pytest.raises(WorkerFailure) as refused:
+            egress.start_proxy(nursery, granted, "p", 1, [r], 1, False)
+        assert refused.value.kind == "garbage" and "not a socket" in str(refused.value)
+        os.close(w)
+        sock, port = listener()
+        scope = egress.start_proxy(nursery, granted, "p", 1, [os.dup(sock.fileno())], port, False)
+        sock.close()
+        with trio.fail_after(5):
+            client = await trio.open_tcp_stream("127.0.0.1", port)  # the proxy accepts
+            await client.aclose()
+        scope.cancel()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()  # closed with its scope
+
+
 # -- real workers (the harness): the worker's half -----------------------------------------------------
 
 
