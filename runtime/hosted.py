@@ -40,7 +40,7 @@ from runtime.egress_rules import Grant
 from runtime.hosted_session import Instance
 from runtime.logs import log
 from runtime.processes import PoolSpec
-from runtime.protocol.errors import PoolBusy, WorkerFailure
+from runtime.protocol.errors import InternalError, MethodNotFound, PoolBusy, WorkerFailure, error_object
 from runtime.worker_frames import FrameRejected
 from runtime.workers import PluginLoadError
 from sandbox import wire
@@ -393,7 +393,7 @@ class HostedRunner:
         """The server asks, during ``slot``'s call, what a tool would ask: the call's client is asked
         (``CallDispatcher.answer`` brings the answer back to ``answer``); the deadline stops meanwhile."""
         def refuse(message: str) -> None:
-            instance.send({"jsonrpc": "2.0", "id": server_id, "error": {"code": -32603, "message": message}})
+            instance.send({"jsonrpc": "2.0", "id": server_id, "error": error_object(InternalError(message))})
 
         limits = self.limits
         if slot.on_event is None or slot.asking is not None:
@@ -426,9 +426,9 @@ class HostedRunner:
         if response.outcome == "result" and isinstance(response.result, dict):
             instance.send({"jsonrpc": "2.0", "id": server_id, "result": response.result})
         else:
-            code = -32601 if response.outcome == "declined_capability" else -32603
-            instance.send({"jsonrpc": "2.0", "id": server_id,
-                           "error": {"code": code, "message": response.message or f"no answer ({response.outcome})"}})
+            message = response.message or f"no answer ({response.outcome})"
+            error = MethodNotFound(message) if response.outcome == "declined_capability" else InternalError(message)
+            instance.send({"jsonrpc": "2.0", "id": server_id, "error": error_object(error)})
         return True
 
     def wake_watchdog(self, deadline: float) -> None:

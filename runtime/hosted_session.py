@@ -49,7 +49,7 @@ from runtime.processes import (
     spawn_process,
     sweep_orphans,
 )
-from runtime.protocol.errors import WorkerFailure
+from runtime.protocol.errors import InternalError, InvalidParams, MethodNotFound, WorkerFailure, error_object
 from runtime.server_spec import ServerSpec
 from runtime.worker_frames import FrameRejected
 from runtime.workers import PluginLoadError, Worker
@@ -491,8 +491,12 @@ class Instance:
                 self.progress_tokens.pop(request_id, None)
                 slot.error = WorkerFailure("garbage", f"the server sent a malformed result: {exc}")
                 self.runner.complete(slot)
-            else:
-                self._log_stray("hosted_server_garbage", line[:2000], why=str(exc)[:200])
+                return
+            self._log_stray("hosted_server_garbage", line[:2000], why=str(exc)[:200])
+            server_id = msg.get("id") if isinstance(msg, dict) and isinstance(msg.get("method"), str) else None
+            if _answerable_id(server_id):
+                # A request of the server's own: it hears why, instead of waiting for an answer forever.
+                self.send({"jsonrpc": "2.0", "id": server_id, "error": error_object(InvalidParams(str(exc)))})
             return
         if not isinstance(msg, dict):
             self._log_stray("hosted_server_garbage", line, why="not a JSON-RPC message")
@@ -533,7 +537,7 @@ class Instance:
 
     def _server_request(self, msg: dict[str, Any], method: str) -> None:
         request_id = msg["id"]
-        if not isinstance(request_id, (int, str)) or (isinstance(request_id, str) and len(request_id) > 256):
+        if not _answerable_id(request_id):
             return
         if method == "ping":
             self.send({"jsonrpc": "2.0", "id": request_id, "result": {}})
@@ -542,19 +546,19 @@ class Instance:
             params = msg.get("params")
             if len(running) != 1 or not isinstance(params, dict):
                 # stdio carries no link from a server's request to a call: only one call can own it.
-                self.send({"jsonrpc": "2.0", "id": request_id, "error": {
-                    "code": -32603, "message": "toolcell cannot tell which call this request belongs to"}})
+                self.send({"jsonrpc": "2.0", "id": request_id, "error": error_object(
+                    InternalError("toolcell cannot tell which call this request belongs to"))})
                 return
             params = {k: v for k, v in params.items() if k != "_meta"}
             try:
                 worker_frames.check_value(params, f"the params of {method}")
             except FrameRejected as exc:
-                self.send({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32602, "message": str(exc)}})
+                self.send({"jsonrpc": "2.0", "id": request_id, "error": error_object(InvalidParams(str(exc)))})
                 return
             self.runner.ask(running[0], self, request_id, method, params)
         else:
             self.send({"jsonrpc": "2.0", "id": request_id,
-                       "error": {"code": -32601, "message": f"Method not found: {method[:100]}"}})
+                       "error": error_object(MethodNotFound(f"Method not found: {method[:100]}"))})
 
     def _notification(self, msg: dict[str, Any], method: str) -> None:
         params = msg.get("params")
@@ -717,6 +721,11 @@ class Instance:
     @property
     def load(self) -> int:
         return len(self.pending)
+
+
+def _answerable_id(request_id: Any) -> bool:
+    """Whether a server's request id is one we answer (an integer, or a string of at most 256 characters)."""
+    return type(request_id) is int or (type(request_id) is str and len(request_id) <= 256)
 
 
 def _error_text(error: Any) -> str:

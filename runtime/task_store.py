@@ -45,6 +45,8 @@ from typing import Final, Literal, Protocol
 
 import msgspec
 
+from runtime.protocol.errors import INTERNAL_ERROR
+
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
 LIVE: Final = frozenset({"working", "input_required"})
@@ -56,7 +58,8 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 8 * 1024 * 1024
 DEFAULT_ORPHAN_AFTER_MS: Final = 20_000
 DEFAULT_MAILBOX_MAX_MESSAGES: Final = 256
 SQLITE_FILE_NAME: Final = "tasks.sqlite3"
-ORPHAN_ERROR_CODE: Final = -32603
+#: A task whose daemon stopped ends failed with the table's internal-error code.
+ORPHAN_ERROR_CODE: Final = INTERNAL_ERROR
 
 
 class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):

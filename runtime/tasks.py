@@ -39,7 +39,7 @@ from runtime.logs import log
 from runtime.protocol import eras, task_shapes
 from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.core import Core, Outcome, TaskRequest, ToolCall
-from runtime.protocol.errors import InvalidParams, McpError, ServerBusy
+from runtime.protocol.errors import INTERNAL_ERROR, InternalError, InvalidParams, McpError, ServerBusy, error_object
 from runtime.protocol.task_shapes import TaskView
 from runtime.running import NOWHERE, RunningCall, Sink
 from runtime.task_store import (
@@ -206,7 +206,7 @@ class TaskRun:
             log("task_store_failed", level="error", task=self.task_id, error=str(exc)[:300])
             try:
                 await manager.transition(self, "failed", status_message=message[:500],
-                                         error=_enc.encode({"code": -32603, "message": message}))
+                                         error=_enc.encode(error_object(InternalError(message))))
             except Exception:  # noqa: BLE001 (logged above; the store is down)
                 pass
         finally:
@@ -499,9 +499,9 @@ class TaskManager:
             return rpc.response(req.id_bytes, task_shapes.with_related_task(record.result, record.task_id))
         error = _dec.decode(record.error) if record.error is not None else None
         if not isinstance(error, dict):
-            error = {"code": -32603, "message": "the task ended without a result"}
+            error = error_object(InternalError("the task ended without a result"))
         code = error.get("code")
-        return rpc.error_response(req.id_bytes, code if type(code) is int else -32603, str(error.get("message", "")),
+        return rpc.error_response(req.id_bytes, code if type(code) is int else INTERNAL_ERROR, str(error.get("message", "")),
                                   error.get("data", msgspec.UNSET))
 
     def _relay_remote(self, conn: TaskConversation, sink: Sink, record: TaskRecord) -> None:

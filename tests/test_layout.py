@@ -152,3 +152,37 @@ def test_the_readme_layout_names_every_module_of_the_daemon_and_the_worker_side(
         if not named:
             missing.append(str(rel))
     assert not missing, f"README's Layout does not name: {missing}"
+
+
+def _json_rpc_code_literals(path: Path) -> list[tuple[int, int]]:
+    """(line, code) of every ``-32xxx`` / ``-31xxx`` number written in ``path``'s code (not in its
+    strings or comments): a JSON-RPC error code chosen outside the error table."""
+    import io
+    import tokenize
+
+    found = []
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+              if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)]
+    for before, tok in zip(tokens, tokens[1:]):
+        if before.type == tokenize.OP and before.string == "-" and tok.type == tokenize.NUMBER:
+            try:
+                value = int(tok.string.replace("_", ""), 0)
+            except ValueError:
+                continue
+            if 31000 <= value <= 32768:
+                found.append((tok.start[0], -value))
+    return found
+
+
+def test_no_json_rpc_error_code_is_chosen_outside_the_error_table() -> None:
+    """Issue 11: one module (``runtime/protocol/errors.py``) writes the codes; everything else raises
+    or names one of its types. ``runtime/bench`` is exempt: its trivial server is a stand-in peer,
+    not the daemon."""
+    table = REPO / "runtime" / "protocol" / "errors.py"
+    assert _json_rpc_code_literals(table), "the scanner must find the table's own codes"
+    offenders = []
+    for path in sorted((REPO / "runtime").rglob("*.py")) + sorted((REPO / "sandbox").rglob("*.py")):
+        if path == table or (REPO / "runtime" / "bench") in path.parents:
+            continue
+        offenders += [f"{path.relative_to(REPO)}:{line}: {code}" for line, code in _json_rpc_code_literals(path)]
+    assert offenders == []

@@ -180,6 +180,15 @@ def http_status(error: McpError, modern: bool) -> int:
     return error.status if modern else error.legacy_status
 
 
+def error_object(error: McpError) -> dict[str, Any]:
+    """The JSON-RPC ``error`` member for ``error``, for a message built as a dict (the daemon's
+    answers to a hosted server's requests); ``jsonrpc.error_reply`` encodes a whole reply."""
+    obj: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.data is not UNSET:
+        obj["data"] = error.data
+    return obj
+
+
 _BY_CODE: dict[int, type[McpError]] = {
     cls.code: cls for cls in (ParseError, InvalidRequest, MethodNotFound, InvalidParams, InternalError, HeaderMismatch,
                               MissingClientCapability, UnsupportedProtocolVersion, SessionNotFound, RateLimited,

@@ -16,7 +16,7 @@ import uuid
 
 TOOLS = ["read_file", "write_file", "tcp_connect", "unix_connect", "fork_bomb", "memory_bomb", "flood_stdout",
          "garbage_lines", "deep_result", "huge_line", "bad_result", "log_flood", "sleepy", "hang", "echo",
-         "add_tool", "whoami", "ptrace_parent", "cancels", "ask_user"]
+         "add_tool", "whoami", "ptrace_parent", "cancels", "ask_user", "ask_raw"]
 #: Our requests to the client (toolcell) awaiting its response: id -> [event, response].
 ASKED = {}
 #: ``requestId``s of the ``notifications/cancelled`` the client (toolcell) sent.
@@ -60,6 +60,14 @@ def run(name, args, request_id):
         answer = ask_client("elicitation/create", {"message": "Your name?", "requestedSchema": {
             "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}})
         return text(json.dumps(answer))
+    if name == "ask_raw":  # any request to our client, as the server chooses it
+        params = args.get("params")
+        if "depth" in args:  # built here: deeper than a client's arguments may be
+            deep = "bottom"
+            for _ in range(int(args["depth"])):
+                deep = {"d": deep}
+            params = {"message": "x", "requestedSchema": deep}
+        return text(json.dumps(ask_client(args["method"], params)))
     if name == "echo":
         return text(str(args.get("text", "")))
     if name == "cancels":
@@ -187,7 +195,7 @@ def handle(msg):
                 result = {"content": [{"type": "text", "text": f"{type(exc).__name__}: {exc}"}], "isError": True}
             send({"jsonrpc": "2.0", "id": request_id, "result": result})
 
-        if name in ("sleepy", "echo", "ask_user"):
+        if name in ("sleepy", "echo", "ask_user", "ask_raw"):
             threading.Thread(target=work, daemon=True).start()
         else:
             work()

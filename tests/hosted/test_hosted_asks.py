@@ -55,3 +55,19 @@ async def test_a_client_without_elicitation_makes_the_server_hear_an_error_and_t
     answer = json.loads(text(result))
     assert answer["error"]["code"] == -32601 and "elicitation" in answer["error"]["message"]
     assert text(again) == "still serving"
+
+
+async def test_a_servers_request_toolcell_cannot_serve_gets_the_error_tables_answer_and_the_call_completes(
+        asking_server: Path, tmp_path: Path, state_dir: Path) -> None:
+    """The daemon answers a hosted server's own requests with codes from the one error table: an
+    unknown method -32601, params too deep to relay -32602, params that are not an object -32603."""
+    config = write_config(tmp_path, state_dir)
+    async with connect(asking_server, config, tmp_path / "daemon.log") as client:
+        unknown = json.loads(text(await client.call_tool("ask_raw", {"method": "resources/steal", "params": {}})))
+        too_deep = json.loads(text(await client.call_tool("ask_raw", {"method": "elicitation/create", "depth": 100})))
+        not_object = json.loads(text(await client.call_tool("ask_raw", {"method": "elicitation/create", "params": [1]})))
+        again = await client.call_tool("echo", {"text": "still serving"})
+    assert unknown["error"] == {"code": -32601, "message": "Method not found: resources/steal"}
+    assert too_deep["error"]["code"] == -32602 and "nested deeper" in too_deep["error"]["message"]
+    assert not_object["error"]["code"] == -32603 and "which call" in not_object["error"]["message"]
+    assert text(again) == "still serving"
