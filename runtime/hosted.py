@@ -432,11 +432,18 @@ class HostedRunner:
         return True
 
     def wake_watchdog(self, deadline: float) -> None:
+        """A deadline was set: wake the watchdog if it would sleep past it (or is mid-pass)."""
         if deadline < self._watch_at:
             self._watch_wake.set()
 
     async def _watchdog(self) -> None:
         while not self.closed:
+            # A pass can start calls (an expired call's slot goes to the next queued one) and so set
+            # deadlines the pass may not see: while it runs, any new deadline sets this pass's event,
+            # and the loop goes round again at once (it used to compare with the expired ``_watch_at``
+            # and then replace the event, so that call had no deadline at all).
+            self._watch_wake = trio.Event()
+            self._watch_at = math.inf
             now = trio.current_time()
             nearest = math.inf
             for group in list(self.groups.values()):
@@ -453,7 +460,6 @@ class HostedRunner:
                             self.complete(slot)
                         else:
                             nearest = min(nearest, slot.deadline)
-            self._watch_wake = trio.Event()
             self._watch_at = nearest
             with trio.move_on_at(nearest):
                 await self._watch_wake.wait()

@@ -637,6 +637,10 @@ class WorkerPool:
     async def _watchdog(self) -> None:
         """Enforce deadlines: the head call of each worker must finish before its deadline."""
         while not self.closed:
+            # While a pass runs, any deadline set (by a call it starts, directly or through a callback)
+            # wakes the next pass at once, rather than being compared with the expired ``_watch_at``.
+            self._watch_wake = trio.Event()
+            self._watch_at = float("inf")
             now = trio.current_time()
             nearest = float("inf")
             for worker in list(self.workers):
@@ -651,7 +655,6 @@ class WorkerPool:
                         self._fail_worker(worker, WorkerFailure("timeout", f"timed out after {_fmt_s(self.limits.timeout_s)}"))
                     else:
                         nearest = min(nearest, head.deadline)
-            self._watch_wake = trio.Event()
             self._watch_at = nearest
             with trio.move_on_at(nearest):
                 await self._watch_wake.wait()

@@ -16,7 +16,12 @@ import uuid
 
 TOOLS = ["read_file", "write_file", "tcp_connect", "unix_connect", "fork_bomb", "memory_bomb", "flood_stdout",
          "garbage_lines", "deep_result", "huge_line", "bad_result", "log_flood", "sleepy", "hang", "echo",
-         "add_tool", "whoami", "ptrace_parent", "cancels", "ask_user", "ask_raw"]
+         "add_tool", "whoami", "ptrace_parent", "cancels", "ask_user", "ask_raw", "flood_changed"]
+#: How the server lists its tools (its first argument): "" as TOOLS says; "junk_tools" adds 990
+#: malformed definitions and one whose name flips each time; "flip_tools" adds 990 valid ones whose
+#: names flip each time; "relist_never" answers the first tools/list only.
+MODE = sys.argv[1] if len(sys.argv) > 1 else ""
+LISTINGS = [0]
 #: Our requests to the client (toolcell) awaiting its response: id -> [event, response].
 ASKED = {}
 #: ``requestId``s of the ``notifications/cancelled`` the client (toolcell) sent.
@@ -57,7 +62,8 @@ def ask_client(method, params):
 
 def run(name, args, request_id):
     if name == "ask_user":
-        answer = ask_client("elicitation/create", {"message": "Your name?", "requestedSchema": {
+        time.sleep(float(args.get("delay", 0)))
+        answer = ask_client("elicitation/create", {"message": args.get("message", "Your name?"), "requestedSchema": {
             "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}})
         return text(json.dumps(answer))
     if name == "ask_raw":  # any request to our client, as the server chooses it
@@ -159,6 +165,11 @@ def run(name, args, request_id):
     if name == "sleepy":
         time.sleep(float(args["seconds"]))
         return text("slept in " + INSTANCE)
+    if name == "flood_changed":
+        for _ in range(int(args["count"])):
+            send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+            time.sleep(float(args.get("gap", 0)))
+        return text("flooded")
     if name == "add_tool":
         EXTRA.append(str(args["name"]))
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
@@ -177,7 +188,15 @@ def handle(msg):
             "protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {"listChanged": True}},
             "serverInfo": {"name": "hostile", "version": "1"}}})
     elif method == "tools/list":
-        send({"jsonrpc": "2.0", "id": request_id, "result": {"tools": [tool(t) for t in TOOLS + EXTRA]}})
+        LISTINGS[0] += 1
+        if MODE == "relist_never" and LISTINGS[0] > 1:
+            return
+        tools = [tool(t) for t in TOOLS + EXTRA]
+        if MODE == "junk_tools":
+            tools += [{"nope": i} for i in range(990)] + [tool(f"flip{LISTINGS[0] % 2}")]
+        elif MODE == "flip_tools":
+            tools += [tool(f"t{i}_{LISTINGS[0] % 2}") for i in range(990)]
+        send({"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}})
     elif method == "notifications/cancelled":
         CANCELLED.append(msg.get("params", {}).get("requestId"))
     elif method == "ping":
@@ -195,7 +214,7 @@ def handle(msg):
                 result = {"content": [{"type": "text", "text": f"{type(exc).__name__}: {exc}"}], "isError": True}
             send({"jsonrpc": "2.0", "id": request_id, "result": result})
 
-        if name in ("sleepy", "echo", "ask_user", "ask_raw"):
+        if name in ("sleepy", "echo", "ask_user", "ask_raw", "flood_changed"):
             threading.Thread(target=work, daemon=True).start()
         else:
             work()

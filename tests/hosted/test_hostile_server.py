@@ -212,3 +212,37 @@ async def test_a_client_cancellation_is_forwarded_to_the_server_which_serves_on(
         assert len(cancels) == 1 and isinstance(cancels[0], int)
         assert text(await client.call_tool("echo", {"text": "same server"})) == "same server"
     assert "hosted_server_exited" not in log.read_text()
+
+
+def _hostile_with(make_server: Callable[..., Path], name: str, mode: str = "", limits: dict[str, Any] | None = None,
+                  server: dict[str, Any] | None = None) -> Path:
+    """A plugin folder serving hostile_server.py in ``mode`` (see its MODE), with ``limits`` over LIMITS."""
+    plugins = make_server(name, {"command": [PYTHON, "hostile_server.py", *([mode] if mode else [])],
+                                 "cancel_grace_s": 1.0, **(server or {})}, limits={**LIMITS, **(limits or {})})
+    copy = plugins / name / "hostile_server.py"
+    shutil.copy(HOSTILE, copy)
+    copy.chmod(0o644)
+    return plugins
+
+
+async def test_a_call_started_when_another_times_out_still_has_its_deadline(
+        make_server: Callable[..., Path], state_dir: Path, tmp_path: Path) -> None:
+    """One call at a time: the first overruns and times out; the watchdog's pass that ends it starts
+    the second (queued) call. That call's deadline must hold too (it used to be set where the
+    watchdog never looked, and the call ran for as long as the server liked)."""
+    plugins = _hostile_with(make_server, "one_at_a_time", limits={"timeout_s": 2, "max_concurrency": 1})
+    took: dict[str, tuple[float, str]] = {}
+    async with connect(plugins, write_config(tmp_path, state_dir), tmp_path / "d.log") as client:
+        async def call(tag: str, after_s: float) -> None:
+            await trio.sleep(after_s)
+            started = trio.current_time()
+            result = await client.call_tool("sleepy", {"seconds": 12})
+            took[tag] = (trio.current_time() - started, text(result))
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call, "first", 0)
+                nursery.start_soon(call, "second", 0.3)
+    assert "timed out after 2 s" in took["first"][1], took
+    assert "timed out after 2 s" in took["second"][1], took
+    assert took["second"][0] < 7, took  # ~2 s queued behind the first, then its own 2 s
