@@ -75,6 +75,60 @@ class LineSink:
         pass
 
 
+class _BatchSink:
+    """Where a batch's calls answer: one reply slot each, and an event when none is still running.
+    Notifications are dropped and a call cannot ask its client anything (a batch is answered as one
+    JSON array)."""
+
+    def __init__(self, size: int) -> None:
+        self.replies: list[bytes | None] = [None] * size
+        self.members: dict[int, _BatchMember] = {}
+        self.cancelled: set[int] = set()
+        self.waiting = 0
+        self._event = trio.Event()
+
+    def member(self, i: int) -> _BatchMember:
+        member = self.members[i] = _BatchMember(self, i)
+        return member
+
+    def _settled(self) -> None:
+        self.waiting -= 1
+        if self.waiting <= 0:
+            self._event.set()
+
+    async def wait(self) -> None:
+        if self.waiting > 0:
+            await self._event.wait()
+
+
+class _BatchMember:
+    __slots__ = ("batch", "i", "over")
+
+    #: ``ask_client`` reads this: a batch member's questions are declined with this reason.
+    can_stream = False
+    no_questions = "this call cannot ask its client anything (it is part of a batch)"
+
+    def __init__(self, batch: _BatchSink, i: int) -> None:
+        self.batch = batch
+        self.i = i
+        self.over = False
+
+    def emit(self, data: bytes) -> None:
+        pass
+
+    def done(self, data: bytes, error_code: int | None = None) -> None:
+        if not self.over:
+            self.over = True
+            self.batch.replies[self.i] = data
+            self.batch._settled()
+
+    def cancelled(self) -> None:
+        if not self.over:
+            self.over = True
+            self.batch.cancelled.add(self.i)
+            self.batch._settled()
+
+
 # -- what dispatching an action came to (for the transport) ----------------------------------------
 
 
@@ -409,7 +463,8 @@ class Connection:
         for request in requests:
             why = self.answers_closed or eras.input_refusal(version, caps, request.method, request.params)
             if why is None and not can_stream:
-                why = "the client's request cannot carry our requests (it does not accept text/event-stream)"
+                why = getattr(sink, "no_questions",
+                              "the client's request cannot carry our requests (it does not accept text/event-stream)")
             if why is not None:
                 outcome = "cancelled" if why == self.answers_closed else "declined_capability"
                 answers[request.key] = wire.InputResponse(request.key, outcome, message=why)
@@ -496,47 +551,52 @@ class Connection:
             unsubscribe()
 
     async def run_batch(self, batch: Batch) -> bytes | None:
-        """Run a batch's members concurrently; the one array answer (None: nothing to answer)."""
-        replies: list[bytes | None] = [None] * len(batch.actions)
+        """Run a batch's members concurrently; the one array answer (None: nothing to answer).
+
+        Each call goes the way a single one does (``_refuse_call``, then ``start``): it is in
+        ``inflight`` while it runs, so a duplicate id is refused, ``notifications/cancelled`` and
+        ``close`` stop it, and shutdown answers it. A member cancelled by the client is not answered."""
+        sink = _BatchSink(len(batch.actions))
         calls: dict[int, ToolCall] = {}
-
-        async def run(i: int, call: ToolCall) -> None:
-            refusal = self._refuse_call(call)
-            if refusal is not None:
-                replies[i] = refusal[1]
-                return
-            outcome = await self.calls.execute(call, self.principal)
-            replies[i] = self.answer(call, outcome)
-
+        for i, action in enumerate(batch.actions):
+            match action:
+                case ToolCall():
+                    refusal = self._refuse_call(action)
+                    if refusal is not None:
+                        sink.replies[i] = refusal[1]
+                        continue
+                    calls[i] = action
+                    sink.waiting += 1
+                    self.start(action, sink.member(i))
+                case Reply():
+                    if action.refused is not None:
+                        self.calls.record_refusal(action, self.principal, self.daemon.catalog)
+                    sink.replies[i] = action.data
+                case Cancel():
+                    self.cancel(action.request_id)
+                case ClientResponse():
+                    self._client_response(action)
+                case Listen() | Batch() | TaskRequest():  # the core never puts these in a batch
+                    pass
+                case _:
+                    assert_never(action)
         scope = trio.CancelScope()
         self._batch_scopes.add(scope)
         try:
             with scope:
-                async with trio.open_nursery() as n:
-                    for i, action in enumerate(batch.actions):
-                        match action:
-                            case ToolCall():
-                                calls[i] = action
-                                n.start_soon(run, i, action)
-                            case Reply():
-                                if action.refused is not None:
-                                    self.calls.record_refusal(action, self.principal, self.daemon.catalog)
-                                replies[i] = action.data
-                            case Cancel():
-                                self.cancel(action.request_id)
-                            case ClientResponse():
-                                self._client_response(action)
-                            case Listen() | Batch() | TaskRequest():  # the core never puts these in a batch
-                                pass
-                            case _:
-                                assert_never(action)
+                await sink.wait()
         finally:
             self._batch_scopes.discard(scope)
+            if sink.waiting:  # aborted (shutdown) or cancelled from outside: stop what still runs
+                for i, call in calls.items():
+                    running = self.inflight.get(call.request_id)
+                    if running is not None and running.sink is sink.members.get(i):
+                        self.cancel(call.request_id)
         if scope.cancelled_caught:  # aborted by shutdown: the unfinished members say so
             for i, call in calls.items():
-                if replies[i] is None:
-                    replies[i] = self.answer(call, Stopped("the server is shutting down"))
-        parts = [r for r in replies if r is not None]
+                if sink.replies[i] is None and i not in sink.cancelled:
+                    sink.replies[i] = self.answer(call, Stopped("the server is shutting down"))
+        parts = [r for r in sink.replies if r is not None]
         return b"[" + b",".join(parts) + b"]" if parts else None
 
     # -- shutdown and the end ------------------------------------------------------------------

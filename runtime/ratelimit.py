@@ -1,8 +1,8 @@
 """Token-bucket rate limits, keyed (per principal, per tool). Sans-io: the clock is passed in.
 
 A bucket holds at most ``capacity`` tokens and refills at ``per_s`` tokens a second; a request
-takes one. When none is left the caller learns how long until one will be, to tell the client
-exactly when to retry. Buckets are created lazily and the least recently used are forgotten past
+takes one (a legacy JSON-RPC batch one per message). When none is left the caller learns how long
+until one will be, to tell the client exactly when to retry. Buckets are created lazily and the least recently used are forgotten past
 ``max_keys`` (a forgotten bucket comes back full, which only ever errs towards allowing).
 """
 
@@ -31,7 +31,9 @@ class RateLimiter:
         self._buckets: OrderedDict[Hashable, Bucket] = OrderedDict()
         self.max_keys = max_keys
 
-    def take(self, key: Hashable, limit: RateLimit, now: float) -> float:
+    def take(self, key: Hashable, limit: RateLimit, now: float, count: float = 1.0) -> float:
+        """Take ``count`` tokens (all or none): 0.0 if allowed, else the seconds until they are there.
+        ``count`` must not exceed the bucket's capacity (the caller refuses what never could fit)."""
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = Bucket(limit, now)
@@ -45,10 +47,10 @@ class RateLimiter:
         if elapsed > 0:
             bucket.tokens = min(bucket.capacity, bucket.tokens + elapsed * bucket.per_s)
             bucket.stamp = now
-        if bucket.tokens >= 1.0:
-            bucket.tokens -= 1.0
+        if bucket.tokens >= count:
+            bucket.tokens -= count
             return 0.0
-        return (1.0 - bucket.tokens) / bucket.per_s
+        return (count - bucket.tokens) / bucket.per_s
 
     def __len__(self) -> int:
         return len(self._buckets)

@@ -267,6 +267,8 @@ class Stopped(msgspec.Struct, frozen=True):
 Outcome = Completed | Failed | Refused | Stopped
 
 
+#: The most messages one 2025-03-26 JSON-RPC batch may hold; a larger batch is refused whole (-32600).
+MAX_BATCH_MESSAGES = 100
 _LEGACY_TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/list", "tasks/cancel"})
 _MODERN_TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 _TASKS_REQUIRED: dict[str, Any] = {"requiredCapabilities": {"extensions": {task_shapes.EXTENSION: {}}}}
@@ -685,6 +687,9 @@ class Core:
         if version is None or not eras.supports_batches(version):
             why = f"protocol {version}" if version else "this connection (not initialized for 2025-03-26)"
             return self._error(state, None, InvalidRequest(f"Invalid Request: JSON-RPC batches are not supported in {why}"), modern=False)
+        if len(items) > MAX_BATCH_MESSAGES:
+            return self._error(state, None, InvalidRequest(
+                f"Invalid Request: a batch may hold at most {MAX_BATCH_MESSAGES} messages ({len(items)} sent)"), modern=False)
         actions: list[Action] = []
         for item in items:
             try:

@@ -45,6 +45,7 @@ from runtime.protocol.errors import (
     HttpRefusal,
     InternalError,
     InvalidParams,
+    InvalidRequest,
     McpError,
     RateLimited,
     ServerBusy,
@@ -272,7 +273,13 @@ class HttpApp:
         # One reading of the clock for this request's limits (a tool's limit is taken in this same tick).
         self._now = now = self._clock()
         if rate is not None:
-            wait = self.limiter.take(("principal", principal.name), rate, now)
+            # A batch costs a token per message: one POST must not run more calls than the limit allows.
+            count = len(env) if isinstance(env, list) else 1
+            if count > rate.capacity:
+                return self._refuse(r, InvalidRequest(
+                    f"Invalid Request: a batch of {count} messages is more than principal {principal.name}'s "
+                    f"rate limit allows at once ({rate.capacity:g}); send fewer at a time"), None, modern=False)
+            wait = self.limiter.take(("principal", principal.name), rate, now, count)
             if wait > 0:
                 self.rate_limited["principal"] += 1
                 self._audit_refused(env, principal, "rate_limited")

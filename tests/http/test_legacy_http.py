@@ -187,6 +187,37 @@ def test_a_2025_03_26_session_accepts_batches(locked_server: ServerProcess, clie
     assert refused.status_code == 400
 
 
+def test_ending_a_session_stops_its_batch_members_too(locked_server: ServerProcess, client: httpx2.Client,
+                                                     tmp_path: Path) -> None:
+    """A batch's calls belong to the session like single ones: DELETE stops them (worker included),
+    and the batch POST is answered at once with what finished (the stopped calls get no answer);
+    while in flight, the batch's ids are refused to a second request."""
+    url = locked_server.url
+    sid = initialize(client, url, FULL, version="2025-03-26")
+    marker = tmp_path / "pid"
+    result: dict = {}
+    batch = [rpc("tools/call", {"name": "a_sleep", "arguments": {"seconds": 20, "marker": str(marker)}}, id="long"),
+             rpc("tools/call", {"name": "a_echo", "arguments": {"text": "quick"}}, id="quick")]
+
+    def post_batch() -> None:
+        with httpx2.Client(timeout=30) as c:
+            result["r"] = c.post(url, json=batch, headers=legacy_headers(FULL, sid, version="2025-03-26"))
+
+    thread = threading.Thread(target=post_batch)
+    thread.start()
+    assert _wait_for(lambda: marker.exists() and marker.read_text().strip() != "")
+    pid = int(marker.read_text())
+    dup = client.post(url, json=rpc("tools/call", {"name": "a_echo", "arguments": {"text": "x"}}, id="long"),
+                      headers=legacy_headers(FULL, sid, version="2025-03-26"))
+    assert dup.json()["error"]["code"] == -32600  # "long" is in flight, in the batch
+    assert client.delete(url, headers=legacy_headers(FULL, sid, version="2025-03-26")).status_code == 200
+    thread.join(10)
+    assert not thread.is_alive()
+    answered = result["r"].json() if result["r"].status_code == 200 else []  # 202: quick was stopped too
+    assert [m["id"] for m in answered] in (["quick"], [])
+    assert _wait_for(lambda: not _alive(pid))
+
+
 def test_get_opens_a_session_stream_and_is_405_without_a_session(locked_server: ServerProcess,
                                                                  client: httpx2.Client) -> None:
     url = locked_server.url

@@ -194,3 +194,26 @@ async def test_a_whole_body_over_the_cap_handed_over_by_the_server_gets_413_with
         await app(scope, receive, send)
         start = next(e for e in sent if e["type"] == "http.response.start")
         assert start["status"] == 413 and (b"connection", b"close") in start["headers"]
+
+
+async def test_a_batch_costs_one_token_per_message_and_one_larger_than_the_burst_is_refused(
+        tmp_path: Any, autojump_clock: trio.testing.MockClock) -> None:
+    """A 2025-03-26 batch is not a way round the principal's rate limit: it takes a token per message
+    (all or none), and a batch that could never fit the burst is refused with a reason, not a retry."""
+    init = {**INIT, "params": {**INIT["params"], "protocolVersion": "2025-03-26"}}
+    async with app_with(tmp_path, principal_rate=RateLimit(per_s=0.5, burst=3)) as app:
+        status, headers, _ = await post(app, init)  # 1 token; 2 left
+        assert status == 200
+        session = [(b"mcp-session-id", headers[b"mcp-session-id"]), (b"mcp-protocol-version", b"2025-03-26")]
+
+        def batch(n: int) -> list[dict[str, Any]]:
+            return [{**LIST, "id": 10 + i} for i in range(n)]
+
+        status, headers, body = await post(app, batch(3), session)
+        assert status == 429 and body["error"]["data"]["retryAfterMs"] == 2000  # one token short
+        status, _, body = await post(app, batch(4), session)
+        assert status == 400 and "more than principal" in body["error"]["message"]
+        await trio.sleep(2)  # 3 tokens
+        status, _, body = await post(app, batch(3), session)
+        assert status == 200 and sorted(m["id"] for m in body) == [10, 11, 12]
+        assert (await post(app, LIST, session))[0] == 429  # the batch spent them all

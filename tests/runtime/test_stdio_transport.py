@@ -562,3 +562,54 @@ async def test_fuzz_every_request_with_an_id_gets_exactly_one_answer_however_the
         for rid in expected + batch_ids:
             assert answered.get(rid) == 1, f"round {round_}: {rid} answered {answered.get(rid, 0)} times"
         assert set(answered) <= set(expected + batch_ids)
+
+
+async def test_a_batch_members_id_follows_the_in_flight_rule_and_a_cancel_stops_it(daemon: Daemon) -> None:
+    """Batch members run like single calls: a second member (or request) with an id in flight is
+    refused -32600, and ``notifications/cancelled`` stops a member (no answer for it in the array)."""
+    batch = json.dumps([
+        {"jsonrpc": "2.0", "id": "s", "method": "tools/call", "params": {"name": "slow", "arguments": {"seconds": 5}}},
+        {"jsonrpc": "2.0", "id": "s", "method": "tools/call", "params": {"name": "b_echo", "arguments": {"text": "dup"}}},
+        {"jsonrpc": "2.0", "id": "e", "method": "tools/call", "params": {"name": "b_echo", "arguments": {"text": "e"}}},
+    ]).encode() + b"\n"
+
+    async def script(c: Conversation) -> None:
+        await c.send(INIT_0326 + batch)
+        await trio.sleep(0.3)
+        await c.send(req("tools/call", {"name": "b_echo", "arguments": {"text": "again"}}, id="s"))
+        await c.wait_for_line_count(2)
+        started = trio.current_time()
+        await c.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                 "params": {"requestId": "s"}}).encode() + b"\n")
+        await c.wait_for_line_count(3)
+        assert trio.current_time() - started < 4  # not the 5 s the slow member would take
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    messages = conv.messages()
+    single = messages[1]
+    assert single["id"] == "s" and single["error"]["code"] == -32600
+    array = messages[2]
+    assert isinstance(array, list)
+    assert [m["id"] for m in array] == ["s", "e"]  # the refused duplicate and e; the cancelled s has no answer
+    assert array[0]["error"]["code"] == -32600 and text_of(array[1]) == "e"
+
+
+async def test_a_batch_over_the_message_cap_is_refused_whole(daemon: Daemon) -> None:
+    from runtime.protocol.core import MAX_BATCH_MESSAGES
+
+    # Members that are not requests at all (each answered -32600): the cap counts messages, and
+    # these keep the line under this daemon's small size cap.
+    batch = json.dumps([0] * (MAX_BATCH_MESSAGES + 1)).encode() + b"\n"
+    just = json.dumps([0] * MAX_BATCH_MESSAGES).encode() + b"\n"
+
+    async def script(c: Conversation) -> None:
+        await c.send(INIT_0326 + batch + just)
+        await c.wait_for_line_count(3)
+        await c.hang_up()
+
+    conv = await converse(daemon, script)
+    refused, served = conv.messages()[1:]
+    assert refused["id"] is None and refused["error"]["code"] == -32600
+    assert f"at most {MAX_BATCH_MESSAGES} messages" in refused["error"]["message"]
+    assert isinstance(served, list) and len(served) == MAX_BATCH_MESSAGES
