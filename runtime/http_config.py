@@ -72,6 +72,8 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     max_header_bytes: Annotated[int, Meta(ge=1024)] = 16 * 1024
     #: POST requests being handled at once across all clients (long-lived streams not counted).
     max_concurrent_requests: Annotated[int, Meta(gt=0)] = 1024
+    #: Of those, what one principal may hold: the rest stays for the others.
+    max_requests_per_principal: Annotated[int, Meta(gt=0)] = 512
     #: Open client connections at once; more are answered 503 and closed.
     max_connections: Annotated[int, Meta(gt=0)] = 4096
     #: The HTTP server: "h1" (toolcell's lean HTTP/1.1 loop around the httptools/llhttp parser,
@@ -86,6 +88,8 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     sse_replay_events: Annotated[int, Meta(gt=0)] = 64
     #: Long-lived SSE streams (legacy GET streams, subscriptions/listen) open at once.
     max_streams: Annotated[int, Meta(gt=0)] = 1_000
+    #: Of those, what one principal may hold open.
+    max_streams_per_principal: Annotated[int, Meta(gt=0)] = 100
     #: Keep-alive idle time, and the time a client has to finish sending request headers.
     idle_timeout_s: Annotated[float, Meta(gt=0)] = 60.0
     #: Time a client has to finish sending a request body.

@@ -113,6 +113,9 @@ class HttpApp:
         self.max_body = min(cfg.max_body_bytes, daemon.config.max_message_bytes)
         self.active = 0
         self.streams = 0
+        #: The same counts by principal (each principal's share is capped too: one cannot lock others out).
+        self.active_by: dict[str, int] = {}
+        self.streams_by: dict[str, int] = {}
         self.shutting_down = False
         self.status_counts: dict[int, int] = {}
         self.rate_limited = {"principal": 0, "tool": 0}
@@ -228,9 +231,12 @@ class HttpApp:
         if self.shutting_down:
             return await self._refuse(r, ShuttingDown("Service Unavailable: shutting down"), None,
                                       [(b"connection", b"close")])
-        if self.active >= cfg.max_concurrent_requests:
-            return await self._refuse(r, ServerBusy("Service Unavailable: too many requests in progress; retry later",
-                                                    None), None, [(b"retry-after", b"1")])
+        name = principal.name
+        held = self.active_by.get(name, 0)
+        if self.active >= cfg.max_concurrent_requests or held >= cfg.max_requests_per_principal:
+            whose = "" if self.active >= cfg.max_concurrent_requests else f" for principal {name}"
+            return await self._refuse(r, ServerBusy(f"Service Unavailable: too many requests in progress{whose}; "
+                                                    "retry later", None), None, [(b"retry-after", b"1")])
         ctype = headers.get(b"content-type")
         if ctype is not None and ctype.split(b";", 1)[0].strip().lower() != b"application/json":
             return await self._plain_error(r, 415, "Unsupported Media Type: send application/json")
@@ -242,6 +248,7 @@ class HttpApp:
                 (body is not None and len(body) > self.max_body):
             return await self._too_large(r)
         self.active += 1
+        self.active_by[name] = held + 1
         try:
             if body is None:
                 with trio.move_on_after(cfg.body_timeout_s) as deadline:
@@ -258,6 +265,11 @@ class HttpApp:
             await self._message(r, headers, principal, body, can_json, can_sse, receive)
         finally:
             self.active -= 1
+            left = self.active_by[name] - 1
+            if left:
+                self.active_by[name] = left
+            else:
+                del self.active_by[name]
 
     def _message(self, r: Responder, headers: RequestHeaders, principal: Principal, body: bytes,
                  can_json: bool, can_sse: bool, receive: Receive) -> Awaitable[None]:
@@ -369,20 +381,25 @@ class HttpApp:
             case ToolCall():
                 return await self._call(r, conn, action, can_sse, receive, None)
             case Listen():
-                return await self._listen(r, conn, action, can_sse, receive)
+                return await self._listen(r, principal, conn, action, can_sse, receive)
             case _:
                 return await self._answer(r, conn.dispatch(action, NOWHERE), modern=True)
 
-    async def _listen(self, r: Responder, conn: Connection, listen: Listen, can_sse: bool, receive: Receive) -> None:
+    async def _listen(self, r: Responder, principal: Principal, conn: Connection, listen: Listen, can_sse: bool,
+                      receive: Receive) -> None:
         if not can_sse:
             return await self._plain_error(r, 406, "Not Acceptable: subscriptions/listen answers with text/event-stream",
                                            id_bytes=listen.id_bytes)
-        if self.streams >= self.cfg.max_streams:
-            return await self._refuse(r, ServerBusy("Service Unavailable: too many open streams; retry later", None),
-                                      listen.id_bytes, [(b"retry-after", b"5")])
+        refusal = self._no_stream_for(principal.name)
+        if refusal is not None:
+            return await self._refuse(r, refusal, listen.id_bytes, [(b"retry-after", b"5")])
         stream = PushStream(listen)
         self.listens.add(stream)
-        self.streams += 1
+        # A listen is a stream, not a request in progress: it leaves the POST budget (``_post`` holds
+        # it for the request) and counts against the stream budget instead.
+        self.active -= 1
+        self.active_by[principal.name] -= 1
+        self._stream_opened(principal.name)
         try:
             conn.dispatch(listen, stream)  # the acknowledgement is the stream's first event
             await r.start_sse()
@@ -390,7 +407,30 @@ class HttpApp:
         finally:
             conn.close()
             self.listens.discard(stream)
-            self.streams -= 1
+            self._stream_closed(principal.name)
+            self.active += 1
+            self.active_by[principal.name] = self.active_by.get(principal.name, 0) + 1
+
+    def _no_stream_for(self, name: str) -> ServerBusy | None:
+        """Why ``name`` may not open another long-lived stream now (None: it may)."""
+        if self.streams >= self.cfg.max_streams:
+            return ServerBusy("Service Unavailable: too many open streams; retry later", None)
+        if self.streams_by.get(name, 0) >= self.cfg.max_streams_per_principal:
+            return ServerBusy(f"Service Unavailable: principal {name} has {self.cfg.max_streams_per_principal} "
+                              "streams open; close one or retry later", None)
+        return None
+
+    def _stream_opened(self, name: str) -> None:
+        self.streams += 1
+        self.streams_by[name] = self.streams_by.get(name, 0) + 1
+
+    def _stream_closed(self, name: str) -> None:
+        self.streams -= 1
+        left = self.streams_by[name] - 1
+        if left:
+            self.streams_by[name] = left
+        else:
+            del self.streams_by[name]
 
     # -- legacy (2025-03-26 … 2025-11-25) ------------------------------------------------------
 
@@ -628,18 +668,19 @@ class HttpApp:
             # and the new one continues after the client's Last-Event-ID.
             session.stream.close()
             session.stream = None
-        if self.streams >= self.cfg.max_streams or self.shutting_down:
-            return await self._refuse(r, ServerBusy("Service Unavailable: too many open streams; retry later", None),
-                                      None, [(b"retry-after", b"5")], modern=False)
+        refusal = ServerBusy("Service Unavailable: shutting down", None) if self.shutting_down \
+            else self._no_stream_for(principal.name)
+        if refusal is not None:
+            return await self._refuse(r, refusal, None, [(b"retry-after", b"5")], modern=False)
         stream = session.stream = PushStream(with_ids=True)
         for event_id, data in session.missed(resume_from):
             stream.push_event(event_id, data)  # what the client missed while it was away
-        self.streams += 1
+        self._stream_opened(principal.name)
         try:
             await r.start_sse()
             await self._pump(r, stream, receive)
         finally:
-            self.streams -= 1
+            self._stream_closed(principal.name)
             if session.stream is stream:
                 session.stream = None
             session.last_seen = self._clock()

@@ -217,3 +217,67 @@ async def test_a_batch_costs_one_token_per_message_and_one_larger_than_the_burst
         status, _, body = await post(app, batch(3), session)
         assert status == 200 and sorted(m["id"] for m in body) == [10, 11, 12]
         assert (await post(app, LIST, session))[0] == 429  # the batch spent them all
+
+
+async def test_one_principal_cannot_take_every_stream_or_request_slot(
+        tmp_path: Any, autojump_clock: trio.testing.MockClock) -> None:
+    """Each principal gets a share of the global caps: alice at her stream share is refused another
+    listen while bob still opens one, and her open listens do not count as requests in progress."""
+    import hashlib
+
+    from runtime.http_config import Token
+
+    def token(name: str) -> Token:
+        return Token(principal=name, sha256=hashlib.sha256(name.encode()).hexdigest())
+
+    def as_(name: str) -> list[tuple[bytes, bytes]]:
+        return [(b"authorization", b"Bearer " + name.encode()), (b"mcp-protocol-version", b"2026-07-28"),
+                (b"mcp-method", b"subscriptions/listen")]
+
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    listen = {"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen",
+              "params": {"notifications": {"toolsListChanged": True}, "_meta": meta}}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}}
+    async with app_with(tmp_path, tokens=[token("alice"), token("bob")], max_streams=10, max_streams_per_principal=2,
+                        max_concurrent_requests=10, max_requests_per_principal=1) as app:
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(post, app, listen, as_("alice"))
+            await trio.sleep(1)
+            assert app.streams == 2 and app.active == 0  # streams, not requests in progress
+            status, headers, body = await post(app, listen, as_("alice"))
+            assert status == 503 and "principal alice has 2 streams open" in body["error"]["message"]
+            assert headers[b"retry-after"] == b"5"
+            nursery.start_soon(post, app, listen, as_("bob"))
+            await trio.sleep(1)
+            assert app.streams == 3 and app.streams_by == {"alice": 2, "bob": 1}
+            list_headers = [(b"authorization", b"Bearer alice"), (b"mcp-protocol-version", b"2026-07-28"),
+                            (b"mcp-method", b"tools/list")]
+            assert (await post(app, listing, list_headers))[0] == 200  # her listens hold no request slot
+            nursery.cancel_scope.cancel()
+    assert app.streams == 0 and app.streams_by == {} and app.active == 0 and app.active_by == {}
+
+
+async def test_a_principal_at_its_share_of_requests_in_progress_is_refused_and_others_are_served(
+        tmp_path: Any, autojump_clock: trio.testing.MockClock) -> None:
+    import hashlib
+
+    from runtime.http_config import Token
+
+    tokens = [Token(principal=n, sha256=hashlib.sha256(n.encode()).hexdigest()) for n in ("alice", "bob")]
+    async with app_with(tmp_path, tokens=tokens, max_concurrent_requests=10, max_requests_per_principal=2,
+                        body_timeout_s=30.0) as app:
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):  # requests whose bodies never come: each holds a slot until body_timeout_s
+                nursery.start_soon(partial_post, app, [(b"authorization", b"Bearer alice")])
+            await trio.sleep(1)
+            assert app.active_by == {"alice": 2}
+            status, headers, body = await post(app, INIT, [(b"authorization", b"Bearer alice")])
+            assert status == 503 and "for principal alice" in body["error"]["message"]
+            assert headers[b"retry-after"] == b"1"
+            assert (await post(app, INIT, [(b"authorization", b"Bearer bob")]))[0] == 200
+        assert app.active == 0 and app.active_by == {}  # the two timed out (408) and gave their slots back
+
+
+async def partial_post(app: HttpApp, headers: list[tuple[bytes, bytes]]) -> None:
+    assert (await post(app, INIT, headers, body_arrives=False))[0] == 408
