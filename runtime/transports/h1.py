@@ -26,6 +26,7 @@ What it enforces, from ``HttpConfig``:
 from __future__ import annotations
 
 import email.utils
+import select
 import socket
 import time
 from collections import deque
@@ -49,8 +50,11 @@ READ_SIZE = 64 * 1024
 MAX_HEADER_LINES = 256
 #: Pipelined requests parsed ahead of the one being answered before reading stops.
 MAX_PIPELINED = 16
-#: Request body bytes buffered ahead of the app before reading stops.
+#: Request body bytes one connection buffers ahead of the app (across every request parsed and not
+#: yet handed over) before reading stops; it may pass this by at most one read (``READ_SIZE``).
 MAX_BUFFERED_BODY = 1024 * 1024
+#: With reading ahead stopped and no epoll: how often to look whether the client has gone.
+_GONE_POLL_S = 0.5
 _NO_BODY_STATUS = frozenset({204, 304})
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -107,7 +111,8 @@ class _Request:
         self.continue_sent = False
 
     def take_buffered(self) -> bytes:
-        """The body bytes parsed so far, in one piece; the buffer is left empty."""
+        """The body bytes parsed so far, in one piece; the buffer is left empty. The caller first
+        counts ``body_size`` off its connection's ``buffered``."""
         body = self.body
         data = (body.popleft() if len(body) == 1 else b"".join(body)) if body else b""
         body.clear()
@@ -130,6 +135,10 @@ class _Connection:
         self.ready: deque[_Request] = deque()  # requests whose head is complete, oldest first
         self.error: BadRequest | None = None
         self.head_bytes = 0
+        #: Body bytes parsed and not yet handed to the app, over ``ready`` and ``parsing``: the sum
+        #: of their ``body_size``. Added in ``on_body``; counted off when the app takes a body and
+        #: when a request is done with (``_serve``). What bounds reading ahead.
+        self.buffered = 0
         self.eof = False
         self.reading = False
         self.closed = False
@@ -184,7 +193,9 @@ class _Connection:
         req = self.parsing
         assert req is not None
         req.body.append(body)
-        req.body_size += len(body)
+        n = len(body)
+        req.body_size += n
+        self.buffered += n
 
     def on_message_complete(self) -> None:
         req = self.parsing
@@ -244,10 +255,55 @@ class _Connection:
         self._feed(data)
 
     def _can_read_ahead(self) -> bool:
-        if self.eof or self.error is not None or len(self.ready) > MAX_PIPELINED:
-            return False
-        parsing = self.parsing
-        return parsing is None or parsing.body_size < MAX_BUFFERED_BODY
+        # The bound is per connection: the bodies of finished pipelined requests count as well as
+        # the one being parsed (a per-request bound let one connection hold ~17 of them).
+        return (not self.eof and self.error is None and len(self.ready) <= MAX_PIPELINED
+                and self.buffered < MAX_BUFFERED_BODY)
+
+    async def _wait_gone(self) -> None:
+        """With reading ahead stopped: wait until the client closes or resets the connection (then
+        ``eof`` is set), reading none of the request bytes it may have left in the socket.
+
+        Waiting for the socket to be readable does not do: a socket with unread bytes is readable
+        at once, forever (a busy loop), and a peek (``MSG_PEEK``) there returns those bytes, never
+        the end of stream queued behind them, which is exactly the case of a client that pipelined
+        past the bound and left. The kernel knows: a FIN received sets ``EPOLLRDHUP`` (and a reset
+        ``EPOLLERR``/``EPOLLHUP``) whatever data is still queued. So a private epoll set watches
+        the socket for those alone (not ``EPOLLIN``: new data does not wake it), and trio waits
+        for that epoll fd to become readable: no reads, no polling, no timer. One fd, made only
+        while paused (a rare state), closed when the wait ends or is cancelled.
+        """
+        if self.reading:
+            raise RuntimeError("two readers on one connection")
+        self.reading = True
+        raw = self.raw
+        ep = None
+        if hasattr(select, "epoll"):
+            try:
+                ep = select.epoll(1)
+            except OSError:  # out of file descriptors: peek instead
+                pass
+        try:
+            if ep is not None:
+                with ep:
+                    ep.register(raw.fileno(), select.EPOLLRDHUP)  # EPOLLERR, EPOLLHUP: always
+                    await trio.lowlevel.wait_readable(ep)
+            else:
+                # Without epoll: peek; while bytes are queued, look again every ``_GONE_POLL_S``
+                # (a reset is seen then, a FIN behind the queued bytes is not: the fallback).
+                while True:
+                    await trio.lowlevel.wait_readable(raw)
+                    try:
+                        if not raw.recv(1, socket.MSG_PEEK):
+                            break
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    await trio.sleep(_GONE_POLL_S)
+        except (OSError, ValueError, trio.ClosedResourceError):  # reset, or closed under us
+            pass
+        finally:
+            self.reading = False
+        self.eof = True
 
     async def next_request(self) -> _Request | None:
         """The next request whose head is complete, or None when the connection is done."""
@@ -345,6 +401,7 @@ class _Connection:
                     if not exchange.finished or self.server.stopping:
                         exchange.keep_alive = False  # a response cut short: the client must not reuse it
                 self.ready.popleft()
+                self.buffered -= req.body_size  # a body the app did not take goes with its request
                 if not exchange.reusable():
                     return
         finally:
@@ -417,6 +474,7 @@ class _Exchange:
                 return _DISCONNECT
             if not self.delivered:
                 if req.body:
+                    conn.buffered -= req.body_size
                     chunk = req.take_buffered()
                     more = not req.complete
                     self.delivered = not more
@@ -445,9 +503,12 @@ class _Exchange:
             # The body is delivered: what is left is waiting for the client to go away.
             if conn.eof:
                 return _DISCONNECT
-            if not conn._can_read_ahead():
-                await trio.sleep_forever()
-            await conn._read_once()
+            if conn._can_read_ahead():
+                await conn._read_once()
+            else:
+                # Nothing more is parsed until this request is answered, but its client may still
+                # leave (which cancels a 2026-07-28 call): watch for that without reading.
+                await conn._wait_gone()
 
     def take_body(self) -> bytes | None:
         """The whole request body if it has all arrived (then ``receive`` has no body left to
@@ -456,6 +517,7 @@ class _Exchange:
         if self.delivered or not req.complete:
             return None
         self.delivered = True
+        self.conn.buffered -= req.body_size
         return req.take_buffered()
 
     async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
