@@ -20,7 +20,9 @@ How this works:
 * Deadlines hold: a call running past ``timeout_s`` is answered "timed out" and cancelled at the
   server (``notifications/cancelled``); a client's cancellation is forwarded the same way. The server
   must then answer a ``ping`` within ``cancel_grace_s``, or it is restarted.
-* ``notifications/tools/list_changed`` makes the runner list the tools again and tell the daemon.
+* ``notifications/tools/list_changed`` makes the runner list the tools again (rate-limited, see
+  ``runtime.hosted_session``) and tell the daemon. The catalog is the shared group's listing: a
+  principal's instance listing other tools is logged and changes nothing anyone sees.
 * An instance that exits or breaks fails its running calls ("the server ... exited"), is logged and
   started again with backoff; queued calls wait for it. ``instances`` > 1 spreads calls over several
   servers (least busy first); ``per_principal`` gives each principal instances of its own.
@@ -131,8 +133,8 @@ class HostedRunner:
         self.limit_kills = 0
         self.in_flight = 0
         self.layers: list[str] = []
+        #: The catalog's tools: what the shared group's instances list (a principal's never change it).
         self.tools: list[wire.ToolSpec] = []
-        self.stderr_tail: dict[int, bytes] = {}
         #: Set by the daemon: the server listed different tools (``list_changed``).
         self.on_tools_changed: Callable[[list[wire.ToolSpec]], None] | None = None
         self._drain: trio.Event | None = None
@@ -192,6 +194,12 @@ class HostedRunner:
         slot.on_done = None
         slot.on_event = None
         instance = slot.instance
+        if slot.asking is not None:
+            # The server's question to this call's client stays unanswered no more: the server hears so.
+            _, server_id, asked = slot.asking
+            slot.asking = None
+            asked.send({"jsonrpc": "2.0", "id": server_id,
+                        "error": error_object(InternalError("the call was cancelled by the client"))})
         if instance is not None and not instance.dead and slot.request_id in instance.pending:
             instance.cancel(slot, "cancelled by the client")
         else:
@@ -255,12 +263,16 @@ class HostedRunner:
         return group
 
     def _drop_idle_groups(self) -> None:
-        idle = sorted((g for k, g in self.groups.items() if k and not g.queue
+        idle = sorted((g for k, g in self.groups.items() if k and not g.queue and not g.starting
                        and not any(i.pending for i in g.instances)), key=lambda g: g.last_used)
         for group in idle[: max(1, len(idle) // 2)]:
             del self.groups[group.key]
             for instance in group.instances:
                 instance.fail(WorkerFailure("unavailable", "idle instance stopped"))
+
+    def _current(self, group: Group) -> bool:
+        """Whether ``group`` is still the runner's (a dropped one may have a successor under its key)."""
+        return self.groups.get(group.key) is group
 
     def _free(self, group: Group) -> Instance | None:
         best: Instance | None = None
@@ -310,7 +322,7 @@ class HostedRunner:
                         slot.error = error
                         self.complete(slot)
                 return
-            if self.closed or (group.key and group.key not in self.groups):
+            if self.closed or not self._current(group):  # unloaded, or the group was dropped
                 instance.fail(WorkerFailure("unavailable", f"plugin {self.name} was unloaded"))
                 return
             group.instances = [i for i in group.instances if not i.dead]
@@ -318,7 +330,7 @@ class HostedRunner:
             log("hosted_server_started", plugin=self.name, pid=instance.server_pid, principal=group.key or None,
                 instances=len(group.instances))
             if tools != self.tools:
-                self.tools_listed(tools)
+                self.tools_listed(instance, tools)
         finally:
             group.starting -= 1
             self._dispatch(group)
@@ -337,10 +349,10 @@ class HostedRunner:
         log("hosted_server_exited", level="warning", plugin=self.name, pid=instance.server_pid, kind=error.kind,
             reason=error.message, up_s=round(up, 1), restart_in_s=min(BACKOFF_MAX_S, 0.25 * 2 ** max(0, group.failures - 1))
             if group.failures else 0)
-        if group.key and group.key not in self.groups:
-            return
+        if not self._current(group):
+            return  # a dropped group (a principal's, idle): nothing to keep up
         # Keep the group at its size: a shared group always, a principal's while it has work.
-        if not group.key or group.queue or self.server.per_principal:
+        if not group.key or group.queue:
             self._spawn(group)
 
     def complete(self, slot: HostedSlot) -> None:
@@ -374,8 +386,15 @@ class HostedRunner:
         if frame is not None:
             slot.on_event(frame)
 
-    def tools_listed(self, tools: list[wire.ToolSpec]) -> None:
+    def tools_listed(self, instance: Instance, tools: list[wire.ToolSpec]) -> None:
+        """``instance`` listed ``tools`` (at start-up or after ``list_changed``). Only the shared group's
+        listing is the catalog: a principal's instance listing other tools changes nothing anyone else
+        sees (two principals never share a server's state, ``ServerSpec.per_principal``)."""
         if tools == self.tools:
+            return
+        if instance.group.key:
+            instance.log_capped("hosted_principal_tools_ignored", tools=len(tools),
+                                note="a principal's instance listed other tools; the catalog is the shared one's")
             return
         self.tools = tools
         log("hosted_tools_changed", plugin=self.name, tools=len(tools))

@@ -13,13 +13,19 @@ How this works:
 * Writes go straight to the pipe when it takes them (no task switch on the hot path), else to a writer
   task; input the server leaves unread beyond ``MAX_UNREAD_INPUT`` ends it.
 * Responses are matched by id; progress by the token sent with the call; a log message goes to the
-  call it belongs to when exactly one call is running here (stdio carries no other link). Requests
+  call it belongs to when exactly one call is running here and no call cancelled here may still be
+  running at the server (stdio carries no other link; ``Instance._owner``). Requests
   from the server: ``ping`` is answered; ``elicitation/create``, ``sampling/createMessage`` and
-  ``roots/list`` made while exactly one call runs here are that call's questions, asked of its
+  ``roots/list`` made while exactly one call runs here (as above) are that call's questions, asked of its
   client like a plugin's (``runtime.hosted.HostedRunner.ask``: to a legacy client as our requests,
   to a 2026-07-28 one as ``input_required``) and answered back; everything else "method not found".
 * ``cancel`` sends ``notifications/cancelled`` and then requires a ``ping`` answer within the
-  server's ``cancel_grace_s``, or ends the instance. ``fail`` ends it: its running calls get the error,
+  server's ``cancel_grace_s``, or ends the instance. The cancelled id is remembered (at most
+  ``MAX_CANCELLED``) until its late answer comes or ``max(cancel_grace_s, 1 s)`` has passed.
+* ``list_changed`` relists (``_relist``): a burst is one listing, relists at least ``RELIST_MIN_S``
+  apart, the gap doubling to ``RELIST_MAX_S`` while the list keeps changing; each bounded by
+  ``start_timeout_s``. Our own warnings about an instance (dropped tools: one line per listing; failed
+  relists) count against its log budget (``log_capped``). ``fail`` ends it: its running calls get the error,
   the process tree is killed, and the runner decides about a restart.
 """
 
@@ -29,6 +35,7 @@ import os
 import secrets
 import shutil
 import signal
+import math
 import tempfile
 import time
 from typing import Any, Callable, Protocol, cast
@@ -69,6 +76,18 @@ MAX_PAGES = 50
 MAX_LOGGED = 256 * 1024
 #: Input the server has not read yet; beyond it the server is considered stuck and restarted.
 MAX_UNREAD_INPUT = 8 << 20
+#: What one line of our own about an instance (a dropped tool, a failed relist) costs of ``MAX_LOGGED``
+#: at least, so that the number of such lines is bounded too.
+LOG_LINE_COST = 256
+#: ``list_changed``: a burst within this is one listing; listings come at least ``RELIST_MIN_S`` apart,
+#: the gap doubling up to ``RELIST_MAX_S`` while each listing finds the list changed again.
+RELIST_SETTLE_S = 0.05
+RELIST_MIN_S = 1.0
+RELIST_MAX_S = 30.0
+#: Cancelled calls remembered per instance (the server may still be running them), and for how long
+#: at least after the cancellation (else ``cancel_grace_s``).
+MAX_CANCELLED = 256
+CANCELLED_MIN_S = 1.0
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
@@ -86,12 +105,11 @@ class Runner(Protocol):
     grant: Grant
     max_line_bytes: int
     layers: list[str]
-    stderr_tail: dict[int, bytes]
 
     def complete(self, slot: Any) -> None: ...
     def relay(self, slot: Any, frame: Any, size: int) -> None: ...
     def instance_ended(self, instance: Instance, error: WorkerFailure) -> None: ...
-    def tools_listed(self, tools: list[wire.ToolSpec]) -> None: ...
+    def tools_listed(self, instance: Instance, tools: list[wire.ToolSpec]) -> None: ...
     def wake_watchdog(self, deadline: float) -> None: ...
     def ask(self, slot: Any, instance: Instance, server_id: Any, method: str, params: dict[str, Any]) -> None: ...
 
@@ -174,8 +192,19 @@ class Instance:
         self.logged = 0
         self.checking = False
         self.relisting = False
+        #: A ``list_changed`` came while a relist was under way: list once more after it.
+        self.relist_again = False
+        #: Earliest time (trio's clock) of the next relist, and the gap after the next one that changes.
+        self.relist_at = -math.inf
+        self.relist_gap = RELIST_MIN_S
+        #: What this instance listed last.
+        self.tools: list[wire.ToolSpec] = []
+        #: Calls cancelled here that the server may still be running: request id -> when to forget it.
+        self.cancelled: dict[int, float] = {}
         self.failure: WorkerFailure | None = None
         self.server_info: dict[str, Any] = {}
+        #: The last 4 KiB this server wrote to stderr (for a start failure's message).
+        self.stderr_tail = b""
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -225,6 +254,7 @@ class Instance:
             raise PluginLoadError("start", why) from None
         self.ready = True
         self.started_at = time.monotonic()
+        self.tools = tools
         return tools
 
     def _start_failure(self, exc: BaseException) -> str | None:
@@ -241,7 +271,7 @@ class Instance:
         return None
 
     def _tail(self) -> str:
-        tail = self.runner.stderr_tail.get(id(self), b"").decode("utf-8", "replace").strip()
+        tail = self.stderr_tail.decode("utf-8", "replace").strip()
         return f"; it printed: {_text(tail[-1500:])}" if tail else ""
 
     async def _sandbox(self, env: dict[str, str]) -> wire.Ready:
@@ -305,11 +335,14 @@ class Instance:
         else:
             raise ValueError(f"tools/list: more than {MAX_PAGES} pages")
         specs: list[wire.ToolSpec] = []
+        problems: list[str] = []
         for raw in raw_tools:
             try:
                 specs.append(_tool_spec(raw))
             except ValueError as exc:
-                log("hosted_tool_dropped", level="warning", plugin=self.runner.name, problem=str(exc))
+                problems.append(str(exc))
+        if problems:  # one line per listing (a server may list a thousand broken tools, again and again)
+            self.log_capped("hosted_tool_dropped", dropped=len(problems), problems=problems[:5])
         return specs
 
     # -- talking to the server -----------------------------------------------------------------
@@ -389,8 +422,14 @@ class Instance:
         self.progress_tokens.pop(slot.request_id, None)
 
     def cancel(self, slot: Any, reason: str) -> None:
-        """Stop ``slot`` at the server; the server must then show it is still responsive."""
+        """Stop ``slot`` at the server; the server must then show it is still responsive. Until its late
+        answer comes (or a while passes), what the server asks or logs may still be that call's."""
         self.forget(slot)
+        self.cancelled.pop(slot.request_id, None)
+        self.cancelled[slot.request_id] = trio.current_time() + max(self.runner.server.cancel_grace_s,
+                                                                    CANCELLED_MIN_S)
+        while len(self.cancelled) > MAX_CANCELLED:
+            del self.cancelled[next(iter(self.cancelled))]
         self.notify("notifications/cancelled", {"requestId": slot.request_id, "reason": reason})
         if not self.checking and not self.dead:
             self.checking = True
@@ -485,7 +524,11 @@ class Instance:
         except FrameRejected as exc:
             # Too deep, too big or not JSON-clean: the call it answers (if any) fails, nothing is relayed.
             raw_id = msg.get("id") if isinstance(msg, dict) and "method" not in msg else None
-            request_id = raw_id if isinstance(raw_id, int) else -1
+            request_id = raw_id if type(raw_id) is int else -1  # not ``true``, which equals 1
+            waiter = self.waiters.pop(request_id, None)
+            if waiter is not None:  # our own request (``tools/list``, ...): it fails, its caller hears why
+                waiter(WorkerFailure("garbage", f"the server sent a malformed answer: {exc}"))
+                return
             slot = self.pending.pop(request_id, None)
             if slot is not None:
                 self.progress_tokens.pop(request_id, None)
@@ -523,7 +566,8 @@ class Instance:
             return
         slot = self.pending.pop(request_id, None)
         if slot is None:
-            return  # the answer to a call that was cancelled or timed out
+            self.cancelled.pop(request_id, None)  # the answer to a call that was cancelled or timed out
+            return
         self.progress_tokens.pop(request_id, None)
         if "error" in msg:
             text = f"the server answered with an error: {_error_text(msg['error'])}"
@@ -542,9 +586,9 @@ class Instance:
         if method == "ping":
             self.send({"jsonrpc": "2.0", "id": request_id, "result": {}})
         elif method in wire.INPUT_METHODS:
-            running = list(self.pending.values())
+            owner = self._owner()
             params = msg.get("params")
-            if len(running) != 1 or not isinstance(params, dict):
+            if owner is None or not isinstance(params, dict):
                 # stdio carries no link from a server's request to a call: only one call can own it.
                 self.send({"jsonrpc": "2.0", "id": request_id, "error": error_object(
                     InternalError("toolcell cannot tell which call this request belongs to"))})
@@ -555,7 +599,7 @@ class Instance:
             except FrameRejected as exc:
                 self.send({"jsonrpc": "2.0", "id": request_id, "error": error_object(InvalidParams(str(exc)))})
                 return
-            self.runner.ask(running[0], self, request_id, method, params)
+            self.runner.ask(owner, self, request_id, method, params)
         else:
             self.send({"jsonrpc": "2.0", "id": request_id,
                        "error": error_object(MethodNotFound(f"Method not found: {method[:100]}"))})
@@ -577,28 +621,68 @@ class Instance:
             if level not in wire.LOG_LEVELS:
                 return
             logger = params.get("logger")
-            running = list(self.pending.values())
-            if len(running) == 1:
-                frame_log = wire.Log(running[0].request_id, wire.LOG_LEVELS.index(level), params.get("data"),
+            owner = self._owner()
+            if owner is not None:
+                frame_log = wire.Log(owner.request_id, wire.LOG_LEVELS.index(level), params.get("data"),
                                      logger[:256] if isinstance(logger, str) else None)
-                self.runner.relay(running[0], frame_log, len(_encode(params)))
+                self.runner.relay(owner, frame_log, len(_encode(params)))
             else:
                 self._log_stray("hosted_server_log", _encode(params)[:2000], why=str(level))
         elif method == "notifications/tools/list_changed":
-            if self.ready and not self.relisting:
+            if not self.ready or self.dead:
+                return
+            if self.relisting:
+                self.relist_again = True
+            else:
                 self.relisting = True
                 self.runner.nursery.start_soon(self._relist)
 
     async def _relist(self) -> None:
+        """List the tools again after ``list_changed``. A burst is one listing; listings are at least
+        ``RELIST_MIN_S`` apart, the gap doubling (to ``RELIST_MAX_S``) while each one finds the list
+        changed (or fails), back to the shortest when one finds it unchanged. A listing gets
+        ``start_timeout_s`` to be answered. A ``list_changed`` during a listing makes one more."""
+        timeout = self.runner.server.start_timeout_s
         try:
-            await trio.sleep(0.05)  # a burst of list_changed is one listing
-            tools = await self.list_tools()
-        except (WorkerFailure, ValueError) as exc:
-            log("hosted_relist_failed", level="warning", plugin=self.runner.name, error=str(exc)[:300])
-            return
+            while not self.dead:
+                await trio.sleep_until(max(trio.current_time() + RELIST_SETTLE_S, self.relist_at))
+                if self.dead:
+                    return
+                self.relist_again = False
+                changed = True
+                try:
+                    with trio.fail_after(timeout):
+                        tools = await self.list_tools()
+                except trio.TooSlowError:
+                    self.log_capped("hosted_relist_failed",
+                                    error=f"the server did not answer tools/list within {timeout:g} s")
+                except (WorkerFailure, ValueError) as exc:
+                    if self.dead:
+                        return
+                    self.log_capped("hosted_relist_failed", error=str(exc)[:300])
+                else:
+                    changed = tools != self.tools
+                    self.tools = tools
+                    self.runner.tools_listed(self, tools)
+                if changed:
+                    self.relist_at = trio.current_time() + self.relist_gap
+                    self.relist_gap = min(RELIST_MAX_S, self.relist_gap * 2)
+                else:
+                    self.relist_at = trio.current_time() + RELIST_MIN_S
+                    self.relist_gap = RELIST_MIN_S
+                if not self.relist_again:
+                    return
         finally:
             self.relisting = False
-        self.runner.tools_listed(tools)
+
+    def log_capped(self, event: str, **fields: Any) -> None:
+        """One warning of ours about this instance, counted against its log budget (``MAX_LOGGED``)."""
+        if self.logged >= MAX_LOGGED:
+            return
+        self.logged += max(LOG_LINE_COST, len(_encode(fields)))
+        log(event, level="warning", plugin=self.runner.name, pid=self.server_pid, **fields)
+        if self.logged >= MAX_LOGGED:
+            log("hosted_server_output_capped", level="warning", plugin=self.runner.name, cap_bytes=MAX_LOGGED)
 
     def _log_stray(self, event: str, data: bytes, why: str) -> None:
         if self.logged >= MAX_LOGGED:
@@ -613,13 +697,12 @@ class Instance:
         proc = self.proc
         assert proc is not None and proc.stderr is not None
         logged = 0
-        tails = self.runner.stderr_tail
         try:
             while True:
                 chunk = await proc.stderr.receive_some(65536)
                 if not chunk:
                     break
-                tails[id(self)] = (tails.get(id(self), b"") + chunk)[-4096:]
+                self.stderr_tail = (self.stderr_tail + chunk)[-4096:]
                 if logged < MAX_LOGGED:
                     logged += len(chunk)
                     log("plugin_output", plugin=self.runner.name, pid=self.server_pid,
@@ -710,7 +793,6 @@ class Instance:
             LIVE_WORKER_PIDS.discard(self.pid)
             SPAWNED.pop(self.pid, None)
             sweep_orphans()
-            self.runner.stderr_tail.pop(id(self), None)
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(cgroups.cleanup, self.pid)
                 for stream in (proc.stdin, proc.stdout, proc.stderr):
@@ -721,6 +803,19 @@ class Instance:
     @property
     def load(self) -> int:
         return len(self.pending)
+
+    def _owner(self) -> Any:
+        """The one call a server's request or log can belong to, or None: stdio carries no link, so only
+        when exactly one call runs here and no cancelled call may still be running at the server."""
+        if self.cancelled:
+            now = trio.current_time()
+            for request_id, until in list(self.cancelled.items()):
+                if until > now:
+                    break  # in order of cancellation, so of expiry (the window is the same for all)
+                del self.cancelled[request_id]
+        if len(self.pending) != 1 or self.cancelled:
+            return None
+        return next(iter(self.pending.values()))
 
 
 def _answerable_id(request_id: Any) -> bool:

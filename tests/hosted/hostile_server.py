@@ -16,14 +16,19 @@ import uuid
 
 TOOLS = ["read_file", "write_file", "tcp_connect", "unix_connect", "fork_bomb", "memory_bomb", "flood_stdout",
          "garbage_lines", "deep_result", "huge_line", "bad_result", "log_flood", "sleepy", "hang", "echo",
-         "add_tool", "whoami", "ptrace_parent", "cancels", "ask_user", "ask_raw", "flood_changed"]
-#: How the server lists its tools (its first argument): "" as TOOLS says; "junk_tools" adds 990
-#: malformed definitions and one whose name flips each time; "flip_tools" adds 990 valid ones whose
-#: names flip each time; "relist_never" answers the first tools/list only.
+         "add_tool", "whoami", "ptrace_parent", "cancels", "ask_user", "ask_raw", "flood_changed", "answers"]
+#: How the server lists its tools (its first argument): "" as TOOLS says; "junk_tools" adds BULK
+#: malformed definitions and one whose name flips each time; "flip_tools" adds BULK valid ones whose
+#: names flip each time; "relist_never" leaves the second tools/list (the first relist) unanswered;
+#: "relist_deep" answers it with a message nested deeper than the daemon takes.
 MODE = sys.argv[1] if len(sys.argv) > 1 else ""
+#: As many extra tools as keep the listing within the daemon's 1000 (with TOOLS and a few added).
+BULK = 970
 LISTINGS = [0]
 #: Our requests to the client (toolcell) awaiting its response: id -> [event, response].
 ASKED = {}
+#: Every response of the client (toolcell) to our requests, in order.
+ANSWERS = []
 #: ``requestId``s of the ``notifications/cancelled`` the client (toolcell) sent.
 CANCELLED = []
 EXTRA = []
@@ -78,6 +83,8 @@ def run(name, args, request_id):
         return text(str(args.get("text", "")))
     if name == "cancels":
         return text(json.dumps(CANCELLED))
+    if name == "answers":
+        return text(json.dumps(ANSWERS))
     if name == "whoami":
         return text(json.dumps({"uid": os.getuid(), "pid": os.getpid(), "instance": INSTANCE}))
     if name == "read_file":
@@ -180,6 +187,7 @@ def run(name, args, request_id):
 def handle(msg):
     method, request_id = msg.get("method"), msg.get("id")
     if method is None and request_id in ASKED:  # the client answers one of our requests
+        ANSWERS.append(msg)
         ASKED[request_id][1] = msg
         ASKED[request_id][0].set()
         return
@@ -189,13 +197,19 @@ def handle(msg):
             "serverInfo": {"name": "hostile", "version": "1"}}})
     elif method == "tools/list":
         LISTINGS[0] += 1
-        if MODE == "relist_never" and LISTINGS[0] > 1:
+        if MODE == "relist_never" and LISTINGS[0] == 2:
+            return
+        if MODE == "relist_deep" and LISTINGS[0] == 2:
+            deep = "bottom"
+            for _ in range(400):
+                deep = {"d": deep}
+            send({"jsonrpc": "2.0", "id": request_id, "result": {"tools": [], "deep": deep}})
             return
         tools = [tool(t) for t in TOOLS + EXTRA]
         if MODE == "junk_tools":
-            tools += [{"nope": i} for i in range(990)] + [tool(f"flip{LISTINGS[0] % 2}")]
+            tools += [{"nope": i} for i in range(BULK)] + [tool(f"flip{LISTINGS[0] % 2}")]
         elif MODE == "flip_tools":
-            tools += [tool(f"t{i}_{LISTINGS[0] % 2}") for i in range(990)]
+            tools += [tool(f"t{i}_{LISTINGS[0] % 2}") for i in range(BULK)]
         send({"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}})
     elif method == "notifications/cancelled":
         CANCELLED.append(msg.get("params", {}).get("requestId"))

@@ -246,3 +246,110 @@ async def test_a_call_started_when_another_times_out_still_has_its_deadline(
     assert "timed out after 2 s" in took["first"][1], took
     assert "timed out after 2 s" in took["second"][1], took
     assert took["second"][0] < 7, took  # ~2 s queued behind the first, then its own 2 s
+
+
+async def test_a_list_changed_flood_with_junk_tools_logs_a_bounded_number_of_lines(
+        make_server: Callable[..., Path], state_dir: Path, tmp_path: Path) -> None:
+    """970 malformed tools listed again on every list_changed (one per 50 ms): one summary line per
+    listing, and listings that keep changing come ever further apart (they used to log a line per
+    malformed tool per listing, tens of thousands of lines in seconds)."""
+    plugins = _hostile_with(make_server, "junk", "junk_tools")
+    log = tmp_path / "d.log"
+    async with connect(plugins, write_config(tmp_path, state_dir), log) as client:
+        with trio.fail_after(30):
+            assert text(await client.call_tool("flood_changed", {"count": 100, "gap": 0.05})) == "flooded"
+        assert text(await client.call_tool("echo", {"text": "still here"})) == "still here"
+    lines = log.read_text().splitlines()
+    dropped = [line for line in lines if "hosted_tool_dropped" in line]
+    assert 1 <= len(dropped) <= 6, len(dropped)
+    assert '"dropped":970' in dropped[0], dropped[0]
+    assert len(lines) < 200, len(lines)
+
+
+async def test_a_list_changed_flood_with_flipping_tools_changes_the_catalog_a_bounded_number_of_times(
+        make_server: Callable[..., Path], state_dir: Path, tmp_path: Path) -> None:
+    """970 valid tools renamed on every listing, list_changed every 50 ms: relists back off (1 s, then
+    doubling while the list keeps changing), so the catalog is rebuilt a few times, not every 50 ms."""
+    plugins = _hostile_with(make_server, "flipper", "flip_tools")
+    log = tmp_path / "d.log"
+    async with connect(plugins, write_config(tmp_path, state_dir), log) as client:
+        with trio.fail_after(30):
+            assert text(await client.call_tool("flood_changed", {"count": 100, "gap": 0.05})) == "flooded"
+        with trio.fail_after(5):
+            assert text(await client.call_tool("echo", {"text": "still here"})) == "still here"
+    changes = [line for line in log.read_text().splitlines() if "hosted_tools_changed" in line]
+    assert 1 <= len(changes) <= 5, len(changes)
+
+
+@pytest.mark.parametrize("mode, why", [
+    ("relist_never", "did not answer tools/list within 3 s"),  # the relist gives up in start_timeout_s
+    ("relist_deep", "nested deeper"),                           # a malformed answer fails the relist at once
+])
+async def test_a_relist_that_fails_gives_up_and_a_later_change_is_still_listed(
+        make_server: Callable[..., Path], state_dir: Path, tmp_path: Path, mode: str, why: str) -> None:
+    plugins = _hostile_with(make_server, "relister", mode, server={"start_timeout_s": 3})
+    log = tmp_path / "d.log"
+    async with connect(plugins, write_config(tmp_path, state_dir), log) as client:
+        assert text(await client.call_tool("flood_changed", {"count": 1})) == "flooded"
+        assert text(await client.call_tool("echo", {"text": "serving"})) == "serving"
+        with trio.fail_after(8):
+            while why not in log.read_text():
+                await trio.sleep(0.1)
+        assert text(await client.call_tool("echo", {"text": "still serving"})) == "still serving"
+        assert text(await client.call_tool("add_tool", {"name": "brand_new"})) == "added"
+        with trio.fail_after(15):
+            while "brand_new" not in {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}:
+                await trio.sleep(0.2)
+    assert log.read_text().count("hosted_relist_failed") == 1
+
+
+async def test_a_cancelled_calls_open_question_is_answered_at_the_server(
+        make_server: Callable[..., Path], state_dir: Path, tmp_path: Path) -> None:
+    """The client cancels a call while the server's question to it is open: the server hears an error
+    for its question (it used to wait for an answer that never came)."""
+    plugins = _hostile_with(make_server, "asked_then_cancelled")
+    asked = trio.Event()
+    release = trio.Event()
+
+    async def elicit(context: Any, params: Any) -> Any:
+        asked.set()
+        await release.wait()
+        raise RuntimeError("released")
+
+    async with connect(plugins, write_config(tmp_path, state_dir), tmp_path / "d.log",
+                       elicitation_callback=elicit) as client:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.call_tool, "ask_user", {})
+            with trio.fail_after(15):
+                await asked.wait()
+            nursery.cancel_scope.cancel()
+        with trio.fail_after(10):
+            while not (answers := json.loads(text(await client.call_tool("answers", {})))):
+                await trio.sleep(0.1)
+        release.set()
+    assert len(answers) == 1 and "cancelled" in answers[0]["error"]["message"], answers
+
+
+async def test_a_timed_out_calls_late_question_is_not_put_to_the_next_call(
+        make_server: Callable[..., Path], state_dir: Path, tmp_path: Path) -> None:
+    """The first call times out; its server goes on and asks its question just after the second call
+    started. That question is not the second call's: the server hears "which call", and the second
+    call's own question (asked once the first call's late answer came) reaches the client."""
+    plugins = _hostile_with(make_server, "late_asker", limits={"timeout_s": 3}, server={"cancel_grace_s": 2.0})
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: Any) -> Any:
+        from mcp import types
+
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+    async with connect(plugins, write_config(tmp_path, state_dir), tmp_path / "d.log",
+                       elicitation_callback=elicit) as client:
+        first = await client.call_tool("ask_user", {"delay": 3.5, "message": "first"})
+        assert first.is_error and "timed out" in text(first), text(first)
+        second = await client.call_tool("ask_user", {"delay": 1.5, "message": "second"})
+        answers = json.loads(text(await client.call_tool("answers", {})))
+    assert asked == ["second"], asked
+    assert json.loads(text(second))["result"]["content"] == {"name": "Ada"}, text(second)
+    assert "which call" in answers[0]["error"]["message"], answers

@@ -73,3 +73,21 @@ async def test_several_instances_share_concurrent_calls(make_server: Callable[..
             for _ in range(2):
                 nursery.start_soon(slow)
         assert len(set(answers)) == 2, answers
+
+
+async def test_a_principals_instance_listing_other_tools_leaves_everyones_catalog_alone(
+        make_server: Callable[..., Path], state_dir: Path) -> None:
+    """Alice's own server lists a new tool (``list_changed``): the catalog everyone sees is the shared
+    instance's listing, so bob (and anyone) is not shown alice's tool."""
+    async with daemon_for(hostile(make_server, per_principal=True), state_dir) as daemon:
+        plugin = next(iter(daemon.plugins.values()))
+        runner = plugin.pool
+        assert await call(daemon, "add_tool", {"name": "alice_only"}, "alice") == "added"
+        mine = next(i for i in runner.workers if i.group.key == "alice")
+        with trio.move_on_after(2):  # the relist comes 50 ms after list_changed
+            while True:
+                assert "alice_only" not in {t.name for t in runner.tools}
+                assert "alice_only" not in {e.name for e in plugin.entries}
+                await trio.sleep(0.05)
+        assert "alice_only" in {t.name for t in mine.tools}  # alice's instance did list it
+        assert json.loads(await call(daemon, "whoami", {}, "bob"))["instance"]
