@@ -189,14 +189,17 @@ def hosted_entries(plugin: Plugin, runner: Any, tools: list[wire.ToolSpec]) -> l
     assert plugin.manifest is not None
     entries: list[ToolEntry] = []
     seen: set[str] = set()
+    dropped: list[dict[str, Any]] = []
     for spec_ in tools:
         public = plugin.manifest.prefix + spec_.name
         checked, problems = check_tool(spec_, public) if public not in seen else (None, [f"tool {public!r} twice"])
         if checked is None:
-            log("hosted_tool_dropped", level="warning", plugin=plugin.name, tool=public[:100], problems=problems[:5])
+            dropped.append({"tool": public[:100], "problems": problems[:5]})
             continue
         seen.add(public)
         entries.append(ToolEntry(public, plugin.name, spec_.name, checked, runner))
+    if dropped:  # one line per listing: a server may list a thousand broken tools, on every list_changed
+        log("hosted_tool_dropped", level="warning", plugin=plugin.name, dropped=len(dropped), first=dropped[:5])
     return entries
 
 

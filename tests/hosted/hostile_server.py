@@ -18,7 +18,8 @@ TOOLS = ["read_file", "write_file", "tcp_connect", "unix_connect", "fork_bomb", 
          "garbage_lines", "deep_result", "huge_line", "bad_result", "log_flood", "sleepy", "hang", "echo",
          "add_tool", "whoami", "ptrace_parent", "cancels", "ask_user", "ask_raw", "flood_changed", "answers"]
 #: How the server lists its tools (its first argument): "" as TOOLS says; "junk_tools" adds BULK
-#: malformed definitions and one whose name flips each time; "flip_tools" adds BULK valid ones whose
+#: malformed definitions and one whose name flips each time ("bad_schemas": well-formed ones whose
+#: inputSchema the daemon refuses); "flip_tools" adds BULK valid ones whose
 #: names flip each time; "relist_never" leaves the second tools/list (the first relist) unanswered;
 #: "relist_deep" answers it with a message nested deeper than the daemon takes.
 MODE = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -208,6 +209,9 @@ def handle(msg):
         tools = [tool(t) for t in TOOLS + EXTRA]
         if MODE == "junk_tools":
             tools += [{"nope": i} for i in range(BULK)] + [tool(f"flip{LISTINGS[0] % 2}")]
+        elif MODE == "bad_schemas":
+            tools += [{"name": f"bad{i}", "inputSchema": {"type": "string"}} for i in range(BULK)]
+            tools.append(tool(f"flip{LISTINGS[0] % 2}"))
         elif MODE == "flip_tools":
             tools += [tool(f"t{i}_{LISTINGS[0] % 2}") for i in range(BULK)]
         send({"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}})

@@ -248,12 +248,14 @@ async def test_a_call_started_when_another_times_out_still_has_its_deadline(
     assert took["second"][0] < 7, took  # ~2 s queued behind the first, then its own 2 s
 
 
+@pytest.mark.parametrize("mode", ["junk_tools", "bad_schemas"])
 async def test_a_list_changed_flood_with_junk_tools_logs_a_bounded_number_of_lines(
-        make_server: Callable[..., Path], state_dir: Path, tmp_path: Path) -> None:
-    """970 malformed tools listed again on every list_changed (one per 50 ms): one summary line per
-    listing, and listings that keep changing come ever further apart (they used to log a line per
-    malformed tool per listing, tens of thousands of lines in seconds)."""
-    plugins = _hostile_with(make_server, "junk", "junk_tools")
+        make_server: Callable[..., Path], state_dir: Path, tmp_path: Path, mode: str) -> None:
+    """970 malformed tools (or well-formed ones with schemas the daemon refuses) listed again on every
+    list_changed (one per 50 ms): one summary line per listing, and listings that keep changing come
+    ever further apart (they used to log a line per refused tool per listing, tens of thousands of
+    lines in seconds)."""
+    plugins = _hostile_with(make_server, "junk", mode)
     log = tmp_path / "d.log"
     async with connect(plugins, write_config(tmp_path, state_dir), log) as client:
         with trio.fail_after(30):
