@@ -248,6 +248,19 @@ async def test_a_streamed_response_sends_its_head_before_the_first_event() -> No
         assert (status, body) == (200, b"data: late\n\n")
 
 
+async def test_a_streamed_response_to_an_http10_client_is_ended_by_closing_not_chunked() -> None:
+    """RFC 9112 7.1: a server must not send Transfer-Encoding to an HTTP/1.0 request."""
+    async with running() as srv, client(srv) as c:
+        await c.send(b"GET /stream HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        with trio.fail_after(5):
+            while await c._fill():
+                pass
+        head, _, body = bytes(c.buf).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding" not in head.lower()
+        assert b"connection: close" in head.lower() and b"content-length" not in head.lower()
+        assert body == b"one,two,three"
+
+
 async def test_expect_100_continue_gets_the_interim_response_before_the_body_is_sent() -> None:
     async with running() as srv, client(srv) as c:
         await c.send(b"POST /g HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
