@@ -271,7 +271,7 @@ def local_owner_verdict(me: str) -> OwnerVerdict:
             os.kill(int(parts[1]), 0)
         except ProcessLookupError:
             return False
-        except OSError:
+        except (OSError, OverflowError):  # not ours to judge; a pid beyond the range (a tampered owner)
             return None
         return None
 
@@ -301,7 +301,10 @@ def encode_cursor(created_at_ms: int, task_id: str) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[int, str]:
-    """The key inside a cursor; ValueError if it is not one of ours."""
+    """The key inside a cursor; ValueError if it is not one of ours (a client sends it back: it may
+    be anything, of any type or size)."""
+    if not isinstance(cursor, str) or len(cursor) > 512:
+        raise ValueError("invalid cursor")
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         key = _decode_cursor(raw)

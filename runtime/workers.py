@@ -64,6 +64,9 @@ _MAX_LOGGED_OUTPUT = 256 * 1024
 START_TIMEOUT_S = 20.0
 #: Most queued calls handed to a worker in one write.
 BATCH_MAX = 32
+#: Worker frames a pool's reader handles at a time before it lets the rest of the daemon run (a
+#: worker that keeps its socket full never makes the reader wait).
+FRAMES_PER_CHECKPOINT = 256
 
 
 class _Phases:
@@ -170,6 +173,9 @@ class Worker:
                 return msg
             data = await self.recv(with_fds)
             self.buf += data
+            # A worker that keeps its socket full never makes ``recv`` wait: start-up reading must not
+            # hold the event loop either (start-up only: a yield per read costs nothing that counts).
+            await trio.lowlevel.checkpoint()
 
     async def recv(self, with_fds: bool = False) -> bytes:
         """Some bytes; ``with_fds`` also keeps passed file descriptors in ``fds`` (a plain ``recv`` makes
@@ -178,7 +184,13 @@ class Worker:
             try:
                 if with_fds:
                     data, fds, _, _ = socket.recv_fds(self.raw, 1 << 18, 4)
-                    self.fds += fds
+                    for fd in fds:
+                        # One descriptor is ever expected (the egress listener): any other is closed
+                        # at once, so a worker cannot fill the daemon's descriptor table while it starts.
+                        if self.fds:
+                            os.close(fd)
+                        else:
+                            self.fds.append(fd)
                 else:
                     data = self.raw.recv(1 << 18)
             except (BlockingIOError, InterruptedError):
@@ -608,16 +620,20 @@ class WorkerPool:
             self.limit_kills += 1
         slot.finish()
 
-    def _fail_worker(self, worker: Worker, error: WorkerFailure, requeue: bool = True) -> None:
-        """Kill ``worker``: its running call gets ``error``; calls queued behind it go back to the pool."""
+    def _fail_worker(self, worker: Worker, error: WorkerFailure, requeue: bool = True,
+                     head_started: bool = True) -> None:
+        """Kill ``worker``: its running call gets ``error``; calls queued behind it go back to the pool.
+        ``head_started=False``: no call is running there (it retired after a result): all go back."""
         pending = list(worker.pending)
         worker.pending.clear()
         self._discard(worker, kill=True)
         if pending:
-            head, rest = pending[0], pending[1:]
-            if not head.finished:
-                head.error = error
-                self._complete(head)
+            rest = pending
+            if head_started:
+                head, rest = pending[0], pending[1:]
+                if not head.finished:
+                    head.error = error
+                    self._complete(head)
             for slot in reversed(rest):
                 if slot.finished:
                     continue
@@ -692,7 +708,7 @@ class WorkerPool:
         try:
             while True:
                 try:
-                    frames = wire.split_frames(worker.buf, worker.max_frame) if worker.buf else []
+                    frames = wire.split_frames(worker.buf, worker.max_frame, FRAMES_PER_CHECKPOINT) if worker.buf else []
                 except ValueError:
                     raise WorkerFailure("output_cap", "the tool's output exceeded its size limit") from None
                 for raw_frame in frames:
@@ -719,7 +735,8 @@ class WorkerPool:
                             # Calls sent after this one never run there: back to the pool's queue.
                             log("worker_retired", level="warning", plugin=self.name, pid=worker.pid,
                                 reason=str(msg.retire)[:300])
-                            self._fail_worker(worker, WorkerFailure("unavailable", "the worker retired"))
+                            self._fail_worker(worker, WorkerFailure("unavailable", "the worker retired"),
+                                              head_started=False)
                             return
                         if pending:
                             self._start_deadline(pending[0])
@@ -733,6 +750,14 @@ class WorkerPool:
                         raise WorkerFailure("garbage", "the worker sent an unexpected frame")
                 if worker.dead:
                     return
+                if len(frames) == FRAMES_PER_CHECKPOINT:
+                    # More may be buffered, and a worker that keeps its socket full never makes ``recv``
+                    # wait: let the rest of the daemon (other clients, the watchdog that enforces this
+                    # call's deadline) run before the next frames.
+                    await trio.lowlevel.checkpoint()
+                    if worker.dead:
+                        return
+                    continue
                 worker.buf += await worker.recv()
         except FrameRejected as exc:
             if not worker.dead:
@@ -835,7 +860,10 @@ class WorkerPool:
         if worker in self.idle:
             self.idle.remove(worker)
         if kill:
-            kill_tree(worker.pid)
+            if worker.proc.returncode is None:
+                # Not reaped yet, so the pid is still this worker's. Once reaped it may be reused by
+                # another process: then only the token sweep below (by marker) finds what is left.
+                kill_tree(worker.pid)
             if first:
                 # Escaped grandchildren carry this worker's token: retire it and sweep them now.
                 LIVE_WORKER_TOKENS.discard(worker.token)

@@ -182,6 +182,27 @@ def escape_quietly() -> str:
 def quick() -> str:
     """Answer at once."""
     return "quick"
+
+
+@tool
+def flood_channel(seconds: float) -> str:
+    """Keep the daemon's end of this worker's channel full of valid progress frames (written straight
+    to the IPC socket, past the SDK and its budget) for ``seconds``."""
+    import stat
+    import struct
+
+    import msgspec
+
+    fd = next(fd for fd in [3] + sorted(int(n) for n in os.listdir("/proc/self/fd"))
+              if fd >= 3 and stat.S_ISSOCK(os.fstat(fd).st_mode))
+    body = msgspec.msgpack.encode(["progress", current().call_id, 1.0, None, None])
+    chunk = (struct.pack(">I", len(body)) + body) * (1 << 14)
+    end = time.time() + seconds
+    while time.time() < end:
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fd, view):]
+    return "flooded"
 '''
 
 #: One worker, one queue slot.
@@ -275,4 +296,51 @@ def remember() -> str:
     """Count the calls this process has served, and say which process it is."""
     CALLS.append(1)
     return f"{os.getpid()}:{len(CALLS)}"
+'''
+
+#: A tool that leaves a thread running (its worker retires after answering), and a plain one.
+RETIRING = r'''
+import os
+import threading
+import time
+
+from sandbox import tool
+
+
+@tool
+def hold(seconds: float) -> str:
+    time.sleep(seconds)
+    return "held"
+
+
+@tool
+def leave_thread() -> str:
+    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+    return "thread left"
+
+
+@tool
+def whoami() -> str:
+    return str(os.getpid())
+'''
+
+#: At import (before its worker is ready), pass descriptors to the daemon over the IPC socket: 400
+#: messages of one byte and four descriptors each, which together make one (garbage) frame. Only one
+#: descriptor is ever expected; the frame then fails the plugin's start.
+FD_PUSHER = r'''
+import os
+import socket
+import struct
+
+from sandbox import tool
+
+channel = socket.socket(fileno=os.dup(3))
+channel.send(struct.pack(">I", 400))
+for _ in range(400):
+    socket.send_fds(channel, [b"\\x00"], [0, 1, 2, 3])
+
+
+@tool
+def never() -> str:
+    return "never"
 '''

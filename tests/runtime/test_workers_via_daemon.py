@@ -205,6 +205,20 @@ async def test_a_call_past_its_deadline_is_an_is_error_result_and_its_worker_is_
     assert text_of(await peer.call("quick")) == "quick"
 
 
+async def test_a_worker_that_floods_its_channel_cannot_stall_the_daemon_or_outlive_its_deadline(
+        peer: StdioPeer) -> None:
+    """The reader lets the rest of the daemon run between batches of frames: a worker keeping its
+    socket full used to hold the event loop (another plugin's call waited ~40 s, and the flood ran
+    past its own 0.5 s deadline because the watchdog never ran)."""
+    flood = await peer.start_call("flood_channel", {"seconds": 30})
+    await trio.sleep(0.3)
+    with trio.fail_after(10):
+        await assert_still_serving(peer)  # another plugin, served meanwhile
+        response = await peer.response(flood, 10)
+    assert_is_error(response, "timed out after 0.5 s")
+    await assert_still_serving(peer)
+
+
 async def test_the_deadline_kills_a_double_forked_grandchild_in_its_own_session(peer: StdioPeer) -> None:
     response = await peer.call("escape", token="g")
     assert_is_error(response, "timed out")
@@ -390,3 +404,43 @@ async def test_a_pooled_worker_serves_many_calls_and_a_per_call_plugin_gets_a_fr
     assert len({p.split(":")[0] for p in pooled}) == 1
     assert [f.split(":")[1] for f in fresh] == ["1", "1", "1"]  # no state survives a call
     assert len({f.split(":")[0] for f in fresh}) == 3
+
+
+async def test_a_call_batched_behind_one_whose_worker_retires_runs_on_a_new_worker(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    """A worker retires after a call that left a thread behind; the call batched behind it never
+    started there, so it goes back to the queue and runs (it used to be failed "the worker retired")."""
+    plugins = make_plugin("retiring", probe_plugins.RETIRING, prefix="r_",
+                          limits={"timeout_s": 10, "max_concurrency": 1, "cpu_s": 10})
+    async with open_toolcell(plugins, stderr_path=tmp_path / "daemon.log") as peer:
+        await peer.initialize("2025-11-25")
+        first_pid = text_of(await peer.call("r_whoami"))
+        held = await peer.start_call("r_hold", {"seconds": 1.0})
+        await trio.sleep(0.2)
+        leaving = await peer.start_call("r_leave_thread")  # both queue behind the held call,
+        after = await peer.start_call("r_whoami")  # and go to the worker as one batch
+        assert text_of(await peer.response(held, 20)) == "held"
+        assert text_of(await peer.response(leaving, 20)) == "thread left"
+        response = await peer.response(after, 20)
+    assert "isError" not in response["result"], response
+    assert text_of(response) not in ("", first_pid)  # run by a new worker
+
+
+async def test_descriptors_a_starting_worker_passes_are_not_kept(make_plugin: Callable[..., Path],
+                                                                 tmp_path: Path) -> None:
+    """Before it is ready a worker may pass one descriptor (its egress listener); the daemon used to
+    keep every one it was sent until the frame ended, so a plugin's import could fill the daemon's
+    descriptor table (here 1,600 of them; a frame that never ends kept them for good)."""
+    make_plugin("probe", probe_plugins.PROBE, limits=PROBE_LIMITS)
+    plugins = make_plugin("pusher", probe_plugins.FD_PUSHER, prefix="p_")
+    async with open_toolcell(plugins, stderr_path=tmp_path / "daemon.log") as peer:
+        daemon = psutil.Process(peer.proc.pid)
+        peak = 0
+        with trio.fail_after(30):
+            while "pusher" not in peer.stderr_path.read_text():  # until the pusher's start is refused
+                peak = max(peak, daemon.num_fds())
+                await trio.sleep(0.02)
+        peak = max(peak, daemon.num_fds())
+        await peer.initialize("2025-11-25")
+        await assert_still_serving(peer)
+    assert peak < 100, peak  # the daemon holds under 20 here; it held 400+ of the pusher's 1,600

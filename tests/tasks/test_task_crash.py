@@ -63,5 +63,9 @@ def test_the_local_verdict_spares_itself_condemns_a_gone_pid_and_leaves_the_rest
     assert verdict(me) is True
     assert verdict(f"{host}:{proc.pid}:00000000") is False
     assert verdict(f"{host}:1:00000000") is None  # alive (pid 1), perhaps someone else's: the heartbeat decides
+    # An owner read back from a shared store is untrusted: a pid beyond the range is not ours to judge
+    # (it raised OverflowError, which stopped the sweep of orphans and expired tasks for good).
+    assert verdict(f"{host}:3000000000:00000000") is None
+    assert verdict(f"{host}:{'9' * 40}:00000000") is None
     assert verdict(f"another-host.example:{proc.pid}:00000000") is None
     assert verdict("not an owner id") is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import msgspec
 import pytest
@@ -112,8 +113,11 @@ async def test_a_principal_never_lists_another_principals_tasks(open_store: Open
 TAMPERED = base64.urlsafe_b64encode(msgspec.msgpack.encode([1, "not an id!"])).decode()
 
 
-@pytest.mark.parametrize("cursor", ["not a cursor!", "", "AAAA", encode_cursor(1, "ok-id-12")[:-3] + "%%%", TAMPERED])
-async def test_a_bad_cursor_is_a_value_error(open_store: OpenStore, cursor: str) -> None:
+@pytest.mark.parametrize("cursor", ["not a cursor!", "", "AAAA", encode_cursor(1, "ok-id-12")[:-3] + "%%%", TAMPERED,
+                                    5, ["x"], "A" * 100_000])
+async def test_a_bad_cursor_is_a_value_error(open_store: OpenStore, cursor: Any) -> None:
+    """A client sends the cursor back: whatever its type or size, it is a bad cursor (-32602), not a
+    store failure (a number used to raise TypeError, answered 503 and logged as an outage)."""
     store = await open_store()
     with pytest.raises(ValueError, match="cursor"):
         await store.list("alice", cursor, 10)
