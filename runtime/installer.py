@@ -15,6 +15,13 @@ How this works:
   ``--hash``, installed with ``--require-hashes``) or npm's ``package-lock.json`` (versions and
   ``integrity``). A plugin folder that holds such a lock (``toolcell add`` writes one) is installed
   from it, so the same versions and hashes come back on any machine.
+* A shipped lock is not covered by the user's approval, so it is checked before use
+  (``check_requirements_lock``, ``check_npm_lock``): a requirements lock may hold only comments and
+  ``name==version [; marker]`` lines with ``--hash=sha256:`` (no options: a ``--no-binary`` or
+  ``--find-links`` line would override the command line and build an sdist here, outside any
+  sandbox), and uv is given our own re-serialisation of it, never the shipped text; an npm lock may
+  hold only https tarballs of the registry with their ``integrity``. A hosted package's lock must pin
+  the approved package itself.
 * Names and versions reach the installers only after ``runtime.server_spec`` checked them, and in
   files (a requirements file, a package.json) rather than on the command line.
 * An environment is complete only once its ``toolcell-env.json`` marker exists; a half-made one (a
@@ -150,6 +157,286 @@ def _read_lock(plugin_dir: str | None, name: str) -> str:
         raise InstallError(f"cannot read {path}: {exc}") from None
 
 
+_LOCK_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,100}[A-Za-z0-9])?")
+#: PEP 440 versions as uv writes them (normalised): exact, no wildcard.
+_LOCK_VERSION = re.compile(r"(?:[0-9]{1,9}!)?[0-9]{1,12}(?:\.[0-9]{1,12}){0,15}(?:(?:a|b|rc)[0-9]{1,9})?"
+                           r"(?:\.post[0-9]{1,9})?(?:\.dev[0-9]{1,9})?(?:\+[a-z0-9]{1,32}(?:\.[a-z0-9]{1,32}){0,7})?")
+_LOCK_REQUIREMENT = re.compile(rf"({_LOCK_NAME.pattern})[ \t]*==[ \t]*({_LOCK_VERSION.pattern})"
+                               r"(?:[ \t]*;[ \t]*(.+?))?", re.IGNORECASE)
+_LOCK_HASH = re.compile(r"--hash=sha256:([0-9a-fA-F]{64})")
+_MARKER_TOKEN = re.compile(r"""\s*(\(|\)|'[^'"\\\s]{0,64}'|"[^'"\\\s]{0,64}"|===|==|!=|<=|>=|~=|<|>|not\s+in\b|"""
+                           r"""[A-Za-z_]+)""")
+_MARKER_VARS = frozenset({"python_version", "python_full_version", "os_name", "sys_platform", "platform_release",
+                          "platform_system", "platform_version", "platform_machine", "platform_python_implementation",
+                          "implementation_name", "implementation_version", "extra"})
+_MARKER_OPS = frozenset({"===", "==", "!=", "<=", ">=", "~=", "<", ">", "in", "not in"})
+_MARKER_VALUE = re.compile(r"""(['"])(?:[A-Za-z0-9._*+!][A-Za-z0-9._*+!-]{0,63})?\1""")
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """One requirement of a checked requirements lock."""
+
+    name: str
+    version: str
+    marker: str
+    hashes: tuple[str, ...]
+
+    def line(self) -> str:
+        marker = f" ; {self.marker}" if self.marker else ""
+        return f"{self.name}=={self.version}{marker} " + " ".join(f"--hash=sha256:{h}" for h in self.hashes)
+
+
+def _marker(text: str) -> str | None:
+    """``text`` re-joined from its tokens if it is a plain environment marker, else None."""
+    tokens: list[str] = []
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        m = _MARKER_TOKEN.match(text, pos)
+        if m is None:
+            return None
+        tokens.append(re.sub(r"\s+", " ", m.group(1)))
+        pos = m.end()
+    out: list[str] = []
+    depth, i, want_atom = 0, 0, True
+    while i < len(tokens):
+        tok = tokens[i]
+        if want_atom and tok == "(":
+            depth += 1
+            out.append(tok)
+            i += 1
+        elif want_atom:
+            if i + 3 > len(tokens):
+                return None
+            left, op, right = tokens[i:i + 3]
+            sides = {left in _MARKER_VARS, right in _MARKER_VARS}
+            values = {bool(_MARKER_VALUE.fullmatch(left)), bool(_MARKER_VALUE.fullmatch(right))}
+            if op not in _MARKER_OPS or sides != {True, False} or values != {True, False}:
+                return None
+            out.append(f"{left} {op} {right}")
+            i += 3
+            want_atom = False
+        elif tok == ")" and depth > 0:
+            depth -= 1
+            out.append(tok)
+            i += 1
+        elif tok in ("and", "or"):
+            out.append(tok)
+            i += 1
+            want_atom = True
+        else:
+            return None
+    if want_atom or depth != 0:
+        return None
+    return " ".join(out).replace("( ", "(").replace(" )", ")")
+
+
+def check_requirements_lock(text: str) -> list[Pinned]:
+    """The requirements of a shipped ``requirements.lock``, or ``InstallError`` naming the first line
+    that is not a comment, a blank line or ``name==version [; marker]`` with ``--hash=sha256:...``.
+
+    uv reads options in a requirements file (``--no-binary``, ``--find-links``, ``--index-url``, ``-r``,
+    ...) and they win over its command line, so none is allowed; nor URLs, paths, ``@`` references,
+    inline comments, or any character outside printable ASCII (so that this reading of the file and
+    uv's cannot differ). Continuation lines (``\\`` at the very end) are joined."""
+    pins: list[Pinned] = []
+    logical: list[tuple[int, str]] = []
+    pending: list[str] = []
+    start = 0
+
+    def refuse(number: int, line: str, why: str) -> InstallError:
+        shown = line.strip()
+        shown = shown if len(shown) <= 120 else shown[:120] + "…"
+        return InstallError(f"{PY_LOCK} line {number} is refused ({why}): {shown!r}; a shipped lock may hold only "
+                            "comments and pinned, hashed requirements (name==version --hash=sha256:...)")
+
+    lines = text.split("\n")
+    for number, raw in enumerate(lines, start=1):
+        line = raw[:-1] if raw.endswith("\r") else raw
+        if re.search(r"[^\x20-\x7e\t]", line):
+            raise refuse(number, line, "a control or non-ASCII character")
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            if stripped.endswith("\\"):
+                raise refuse(number, line, "a comment that ends in a line continuation")
+            continue
+        if not stripped or stripped.startswith("#"):
+            raise refuse(start, " ".join(pending), "a line continuation into a blank or comment line")
+        if not pending:
+            start = number
+        if "\\" in line.removesuffix("\\"):
+            raise refuse(number, line, "a backslash that is not a line continuation")
+        if line.endswith("\\"):
+            pending.append(line[:-1])
+            continue
+        pending.append(line)
+        logical.append((start, " ".join(pending)))
+        pending = []
+    if pending:
+        raise refuse(start, " ".join(pending), "a line continuation at the end of the file")
+
+    for number, line in logical:
+        stripped = line.strip()
+        for token in stripped.split():
+            if token.startswith("-") and not _LOCK_HASH.fullmatch(token):
+                raise refuse(number, line, f"the option {token.split('=')[0]} is not allowed")
+        if stripped.startswith("-"):
+            raise refuse(number, line, "no requirement")
+        if "#" in stripped:
+            raise refuse(number, line, "an inline comment")
+        if "://" in stripped or "@" in stripped or stripped.startswith((".", "/", "~")) or "/" in stripped:
+            raise refuse(number, line, "a URL, path or direct reference")
+        # Marker values hold no whitespace: the options begin at the first whitespace before "--".
+        head, _, tail = re.sub(r"\s+--", "\0--", stripped, count=1).partition("\0")
+        m = _LOCK_REQUIREMENT.fullmatch(head.strip())
+        if m is None:
+            raise refuse(number, line, "not name==version [; marker]")
+        marker = ""
+        if m.group(3) is not None:
+            checked = _marker(m.group(3))
+            if checked is None:
+                raise refuse(number, line, "an environment marker toolcell does not accept")
+            marker = checked
+        hashes: list[str] = []
+        for option in tail.split():
+            h = _LOCK_HASH.fullmatch(option)
+            if h is None:
+                raise refuse(number, line, f"the option {option.split('=')[0]} is not allowed")
+            hashes.append(h.group(1).lower())
+        if not hashes:
+            raise refuse(number, line, "no --hash=sha256:")
+        pins.append(Pinned(m.group(1), m.group(2).lower(), marker, tuple(hashes)))
+    if not pins:
+        raise InstallError(f"{PY_LOCK} holds no requirement")
+    return pins
+
+
+def _canonical_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _canonical_version(version: str) -> str:
+    """A version with the trailing zeros of its release dropped (1.0 == 1.0.0), lower case."""
+    m = re.match(r"((?:[0-9]+!)?)([0-9]+(?:\.[0-9]+)*)(.*)", version.lower())
+    if m is None:
+        return version.lower()
+    release = m.group(2).split(".")
+    while len(release) > 1 and int(release[-1]) == 0:
+        release.pop()
+    return m.group(1) + ".".join(str(int(p)) for p in release) + m.group(3)
+
+
+def _checked_requirements_lock(text: str, package: Package | None = None) -> str:
+    """The shipped lock re-serialised from its checked requirements (what uv is given), or ''."""
+    if not text:
+        return ""
+    pins = check_requirements_lock(text)
+    if package is not None and not any(
+            _canonical_name(p.name) == _canonical_name(package.name)
+            and _canonical_version(p.version) == _canonical_version(package.version) and not p.marker for p in pins):
+        raise InstallError(f"{PY_LOCK} does not pin {package.name}=={package.version}, the approved package")
+    return "".join(p.line() + "\n" for p in pins)
+
+
+NPM_REGISTRY = "https://registry.npmjs.org/"
+_SRI = re.compile(r"(?:sha512|sha384|sha256|sha1)-[A-Za-z0-9+/]{20,}={0,2}")
+_registry_cache: list[str] = []
+_NPM_LOCK_NAME = re.compile(r"(@[A-Za-z0-9][A-Za-z0-9._~-]{0,213}/)?[A-Za-z0-9_][A-Za-z0-9._~-]{0,213}")
+_NPM_LOCK_VERSION = re.compile(r"[0-9]{1,9}\.[0-9]{1,9}\.[0-9]{1,9}(-[0-9A-Za-z.-]{1,64})?(\+[0-9A-Za-z.-]{1,64})?")
+
+
+def check_npm_lock(text: str, package: Package, registries: tuple[str, ...] = (NPM_REGISTRY,)) -> None:
+    """Raise ``InstallError`` unless a shipped ``package-lock.json`` (lockfileVersion 2 or 3) fetches
+    every package from the registry -- as an https tarball of one of ``registries`` named like that
+    package and version, or (no ``resolved``) by its name and exact version -- with an ``integrity``,
+    and its top entry is exactly the approved ``package`` (no alias). No links, folders, git or URLs."""
+    bases = tuple(b if b.endswith("/") else b + "/" for b in registries if b.startswith("https://"))
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InstallError(f"{NPM_LOCK} is not JSON: {exc}") from None
+    packages = data.get("packages") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or data.get("lockfileVersion") not in (2, 3) or not isinstance(packages, dict):
+        raise InstallError(f"{NPM_LOCK} needs lockfileVersion 2 or 3 with \"packages\" (npm 7 or later)")
+
+    def refuse(where: str, why: str) -> InstallError:
+        return InstallError(f"{NPM_LOCK} entry {where!r} is refused: {why}; a shipped lock may fetch only https "
+                            f"tarballs of the registry ({', '.join(bases) or 'none configured over https'}) "
+                            "with their integrity")
+
+    def check_resolved(where: str, resolved: object, integrity: object, name: str, version: object) -> None:
+        if not isinstance(integrity, str) or not integrity.split() or not all(_SRI.fullmatch(i) for i in integrity.split()):
+            raise refuse(where, "no valid integrity")
+        if not isinstance(version, str) or not _NPM_LOCK_VERSION.fullmatch(version) or not _NPM_LOCK_NAME.fullmatch(name):
+            raise refuse(where, f"{name!r} version {version!r} is not a registry package's name and version")
+        if resolved is None:
+            return  # npm fetches name@version from its configured registry (omit-lockfile-registry-resolved)
+        if not isinstance(resolved, str) or not resolved.startswith(bases):
+            raise refuse(where, f"resolved {resolved!r} is not an https tarball of the registry")
+        path = resolved[next(len(b) for b in bases if resolved.startswith(b)):]
+        files = {f"{name.rsplit('/', 1)[-1]}-{version}.tgz", f"{name}-{version}.tgz"}
+        if not any(path == f"{name}/-/{f}" for f in files):
+            raise refuse(where, f"resolved {resolved!r} is not the tarball of {name}@{version}")
+
+    top = f"node_modules/{package.name}"
+    for key, entry in packages.items():
+        if key == "":
+            continue
+        if not isinstance(entry, dict):
+            raise refuse(key, "not an object")
+        if not key.startswith("node_modules/"):
+            raise refuse(key, "a folder, not a registry package")
+        if entry.get("link"):
+            raise refuse(key, "a link to a folder")
+        if entry.get("inBundle") is True and "resolved" not in entry and "integrity" not in entry:
+            continue  # inside its parent's tarball, which the parent's integrity covers
+        name = key.rsplit("node_modules/", 1)[-1]
+        alias = entry.get("name", name)
+        if not isinstance(alias, str):
+            raise refuse(key, "a name that is not a string")
+        if key == top and (alias != package.name or entry.get("version") != package.version):
+            raise refuse(key, f"not {package}, the approved package")
+        check_resolved(key, entry.get("resolved"), entry.get("integrity"), alias, entry.get("version"))
+    if top not in packages:
+        raise InstallError(f"{NPM_LOCK} does not hold {package}, the approved package")
+
+    def legacy(deps: object, trail: str) -> None:  # lockfileVersion 2 repeats the tree for npm 6
+        if not isinstance(deps, dict):
+            raise refuse(trail, "\"dependencies\" is not an object")
+        for name, entry in deps.items():
+            if not isinstance(entry, dict):
+                raise refuse(f"{trail}{name}", "not an object")
+            if not (entry.get("bundled") is True and "resolved" not in entry):
+                version = entry.get("version")
+                alias = name
+                if isinstance(version, str) and version.startswith("npm:"):
+                    alias, _, version = version[4:].rpartition("@")
+                check_resolved(f"{trail}{name}", entry.get("resolved"), entry.get("integrity"), alias, version)
+            if "dependencies" in entry:
+                legacy(entry["dependencies"], f"{trail}{name}/")
+
+    if "dependencies" in data:
+        legacy(data["dependencies"], "")
+
+
+async def _npm_registries(cwd: str) -> tuple[str, ...]:
+    """The registries a shipped npm lock may fetch from: npm's default and the configured one."""
+    found = [NPM_REGISTRY]
+    for var in ("npm_config_registry", "NPM_CONFIG_REGISTRY"):
+        if os.environ.get(var):
+            found.append(os.environ[var])
+    npm = shutil.which("npm")
+    if not _registry_cache and npm is not None:
+        try:
+            out = await _run([npm, "config", "get", "registry"], cwd, "asking npm for its registry")
+            _registry_cache.append(out.strip())
+        except InstallError:
+            _registry_cache.append("")
+    found += [r for r in _registry_cache if r]
+    return tuple(dict.fromkeys(found))
+
+
 class _KeyLock:
     """One install per environment key: within this process (trio) and across daemons (flock)."""
 
@@ -205,7 +492,8 @@ def _mark(dest: str, info: dict[str, object]) -> None:
 
 
 async def _uv_lock(requirements: list[str], dest: str, shipped_lock: str) -> str:
-    """Write ``dest/requirements.lock`` (the shipped one, or uv's resolution with hashes)."""
+    """Write ``dest/requirements.lock`` (the shipped one as ``_checked_requirements_lock`` re-wrote it, or
+    uv's resolution with hashes)."""
     lock = os.path.join(dest, PY_LOCK)
     if shipped_lock:
         _write(lock, shipped_lock)
@@ -223,6 +511,7 @@ async def python_requirements(requirements: list[str], state_dir: str, plugin_di
     the worker's ``sys.path``. ``source_builds``: resolve and install inside a sandbox, where source
     distributions may be built (``runtime.builds``). Raises ``InstallError``."""
     shipped = _read_lock(plugin_dir, PY_LOCK)
+    checked = _checked_requirements_lock(shipped)  # before the ready check: a refused lock is refused every time
     normal = sorted({r.replace(" ", "") for r in requirements})
     key = _key("py", *normal, shipped, "source-builds" if source_builds else "wheels")
     envs = envs_dir(state_dir)
@@ -240,12 +529,12 @@ async def python_requirements(requirements: list[str], state_dir: str, plugin_di
 
                 try:
                     text = await builds.build_requirements(normal, dest, state_dir, policy, uv_bin(), python_exe(),
-                                                           shipped)
+                                                           checked)
                 except builds.BuildError as exc:
                     raise InstallError(f"building in the sandbox failed: {exc.reason}") from None
                 _write(os.path.join(dest, PY_LOCK), text)
             else:
-                lock = await _uv_lock(normal, dest, shipped)
+                lock = await _uv_lock(normal, dest, checked)
                 await _run([uv_bin(), "pip", "install", "--quiet", "--no-config", "--only-binary", ":all:",
                             "--require-hashes", "--link-mode", "copy", "--python", python_exe(), "--target", site,
                             "-r", lock], dest, "installing the requirements")
@@ -294,6 +583,7 @@ def _pick(names: list[str], wanted: str, package: Package) -> str:
 async def pypi_package(package: Package, state_dir: str, plugin_dir: str | None = None, bin_name: str = "") -> Installed:
     """A virtual environment holding ``package`` (wheels only, hashes pinned); argv runs its script."""
     shipped = _read_lock(plugin_dir, PY_LOCK)
+    checked = _checked_requirements_lock(shipped, package)
     key = _key("pypi", str(package), shipped)
     envs = envs_dir(state_dir)
     dest = os.path.join(envs, f"pypi-{key}")
@@ -303,7 +593,7 @@ async def pypi_package(package: Package, state_dir: str, plugin_dir: str | None 
             if _ready(dest) is None:
                 _fresh(dest)
                 try:
-                    lock = await _uv_lock([f"{package.name}=={package.version}"], dest, shipped)
+                    lock = await _uv_lock([f"{package.name}=={package.version}"], dest, checked)
                     await _run([uv_bin(), "venv", "--quiet", "--no-config", "--python", python_exe(), venv], dest,
                                "creating the environment")
                     await _run([uv_bin(), "pip", "install", "--quiet", "--no-config", "--only-binary", ":all:",
@@ -330,8 +620,10 @@ async def npm_package(package: Package, state_dir: str, plugin_dir: str | None =
     """``package`` and its dependencies in ``node_modules`` (no install scripts, integrity pinned by
     ``package-lock.json``); argv runs its bin with the daemon's ``node``."""
     shipped = _read_lock(plugin_dir, NPM_LOCK)
-    key = _key("npm", str(package), shipped)
     envs = envs_dir(state_dir)
+    if shipped:
+        check_npm_lock(shipped, package, await _npm_registries(envs))
+    key = _key("npm", str(package), shipped)
     dest = os.path.join(envs, f"npm-{key}")
     if _ready(dest) is None:
         async with _KeyLock(envs, key):
