@@ -3,11 +3,16 @@
 Every problem is collected, not just the first, so ``toolcell check`` can report them at once.
 Validators are compiled once per tool with jsonschema-rs, offline (no remote ``$ref`` is ever
 fetched) and with the linear-time regex engine (no ReDoS through a ``pattern``).
+
+A schema is bounded as written (bytes, nodes, depth) and as it expands through ``$ref``: a few
+definitions that each reference the previous one twice describe a tree of 2^n subschemas, and the
+validator walks all of them for every value (``_expansion_problem``).
 """
 
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +33,10 @@ _DIALECTS = {
 MAX_SCHEMA_BYTES = 256 * 1024
 MAX_SCHEMA_DEPTH = 48
 MAX_SCHEMA_NODES = 20_000
+#: Nodes a schema may have with every ``$ref`` inlined: no more than one written out in full may have.
+MAX_SCHEMA_EXPANSION = MAX_SCHEMA_NODES
+#: What a recursion nested inside another recursion is charged per level of the value (its depth).
+_RECURSION_DEPTH = 64
 MAX_DESCRIPTION = 16 * 1024
 _REGEX = jsonschema_rs.RegexOptions(size_limit=1 << 20, dfa_size_limit=1 << 20)
 _ANNOTATION_BOOLS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
@@ -62,6 +71,330 @@ def _walk(node: Any, depth: int, counter: list[int], refs: list[str]) -> None:
             _walk(value, depth + 1, counter, refs)
 
 
+# -- expansion through $ref ---------------------------------------------------------------------
+# The validator applies subschemas to a value node by node, without memoizing (subschema, value)
+# pairs; a subschema reached by k paths at the same value node is walked k times. So:
+# * acyclic: the work per value node is at most the schema's size with every $ref inlined;
+# * a $ref cycle that descends into the value (a tree type) repeats once per level of the value,
+#   which is fine, unless it can reach the same child value along two paths per level (then it is
+#   2^depth), or it never descends (it would loop on one value);
+# * a recursion reached from inside another repeats per level of each: charged _RECURSION_DEPTH.
+# Subschemas are the values of applicator keywords; an edge to one is in place (same value) or
+# descends to a child labelled by the key/index it applies to.
+
+_IN_PLACE_ONE = ("not", "if", "then", "else", "contentSchema")
+_IN_PLACE_LIST = ("allOf", "anyOf", "oneOf")
+_IN_PLACE_MAP = ("dependentSchemas", "dependencies")
+_ANY_INDEX = ("additionalItems", "unevaluatedItems", "contains")
+_REF_KEYS = ("$ref", "$dynamicRef", "$recursiveRef")
+_LABEL_CAP = 256
+#: A child a subschema applies to: ("key", name), ("anykey", names excluded), ("index", i),
+#: ("anyindex",) or ("name",) (the property names themselves). None: the same value.
+_Label = tuple[Any, ...]
+
+
+class _Labels:
+    """An over-approximated set of child labels, to ask whether two sets can share a child."""
+
+    __slots__ = ("keys", "anykey", "indices", "anyindex", "name")
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.anykey: frozenset[str] | None = None
+        self.indices: set[int] = set()
+        self.anyindex = False
+        self.name = False
+
+    def add(self, label: _Label) -> None:
+        kind = label[0]
+        if kind == "key":
+            self.keys.add(label[1])
+        elif kind == "anykey":
+            self.anykey = label[1] if self.anykey is None else self.anykey & label[1]
+        elif kind == "index":
+            self.indices.add(label[1])
+        elif kind == "anyindex":
+            self.anyindex = True
+        else:
+            self.name = True
+        self._cap()
+
+    def merge(self, other: _Labels) -> None:
+        self.keys |= other.keys
+        if other.anykey is not None:
+            self.anykey = other.anykey if self.anykey is None else self.anykey & other.anykey
+        self.indices |= other.indices
+        self.anyindex |= other.anyindex
+        self.name |= other.name
+        self._cap()
+
+    def _cap(self) -> None:
+        if len(self.keys) > _LABEL_CAP:
+            self.keys, self.anykey = set(), frozenset()
+        if len(self.indices) > _LABEL_CAP:
+            self.indices, self.anyindex = set(), True
+
+    def meets(self, other: _Labels) -> bool:
+        if (self.name and other.name) or (self.anykey is not None and other.anykey is not None):
+            return True
+        if self.keys & other.keys or self.indices & other.indices:
+            return True
+        if (self.anyindex and (other.anyindex or other.indices)) or (other.anyindex and self.indices):
+            return True
+        if self.anykey is not None and any(k not in self.anykey for k in other.keys):
+            return True
+        return other.anykey is not None and any(k not in other.anykey for k in self.keys)
+
+
+def _raw_size(value: Any) -> int:
+    count, stack = 0, [value]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return count
+
+
+def _resources(schema: dict[str, Any]) -> tuple[dict[int, dict[str, Any]], dict[str, list[Any]]]:
+    """Each object's resource root (nearest enclosing ``$id``) and every anchor's candidates."""
+    owner: dict[int, dict[str, Any]] = {}
+    anchors: dict[str, list[Any]] = {}
+    stack: list[tuple[Any, dict[str, Any]]] = [(schema, schema)]
+    while stack:
+        node, root = stack.pop()
+        if isinstance(node, dict):
+            ident = node.get("$id")
+            if isinstance(ident, str) and not ident.startswith("#"):
+                root = node
+            elif isinstance(ident, str):  # draft-07 "$id": "#name" is an anchor
+                anchors.setdefault(ident[1:], []).append(node)
+            for key in ("$anchor", "$dynamicAnchor"):
+                if isinstance(node.get(key), str):
+                    anchors.setdefault(node[key], []).append(node)
+            owner.setdefault(id(node), root)
+            stack.extend((v, root) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, root) for v in node)
+    return owner, anchors
+
+
+def _pointer(base: Any, pointer: str) -> tuple[bool, Any]:
+    node = base
+    for part in pointer.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False, None
+    return True, node
+
+
+def _subschemas(node: dict[str, Any]) -> tuple[list[tuple[Any, _Label | None]], int]:
+    """The subschemas ``node`` applies (with their label), and its size besides them."""
+    subs: list[tuple[Any, _Label | None]] = []
+    size = 1
+    for key, value in node.items():
+        size += 1  # the key
+        if key in _IN_PLACE_ONE:
+            subs.append((value, None))
+        elif key in _IN_PLACE_LIST and isinstance(value, list):
+            size += 1
+            subs.extend((v, None) for v in value)
+        elif key in _IN_PLACE_MAP and isinstance(value, dict):
+            size += 1
+            for v in value.values():
+                if isinstance(v, dict):
+                    subs.append((v, None))
+                else:
+                    size += _raw_size(v)
+        elif key == "properties" and isinstance(value, dict):
+            size += 1
+            subs.extend((v, ("key", k)) for k, v in value.items())
+        elif key == "patternProperties" and isinstance(value, dict):
+            size += 1
+            subs.extend((v, ("anykey", frozenset())) for v in value.values())
+        elif key == "additionalProperties":
+            props = node.get("properties")
+            subs.append((value, ("anykey", frozenset(props) if isinstance(props, dict) else frozenset())))
+        elif key == "unevaluatedProperties":
+            subs.append((value, ("anykey", frozenset())))
+        elif key == "propertyNames":
+            subs.append((value, ("name",)))
+        elif key in ("items", "prefixItems") and isinstance(value, list):
+            size += 1
+            subs.extend((v, ("index", i)) for i, v in enumerate(value))
+        elif key == "items" or key in _ANY_INDEX:
+            subs.append((value, ("anyindex",)))
+        else:
+            size += _raw_size(value)
+    return subs, size
+
+
+def _expansion_problem(schema: dict[str, Any]) -> str | None:
+    """Why ``schema`` is too costly to validate through its ``$ref``s, or None.
+
+    Linear in the schema: a graph of its subschemas (``$ref`` is an in-place edge to the target),
+    its strongly connected components (Tarjan), sizes summed over them in topological order.
+    """
+    owner, anchors = _resources(schema)
+    nodes: dict[int, dict[str, Any]] = {id(schema): schema}
+    edges: dict[int, list[tuple[int, _Label | None]]] = {}
+    own: dict[int, int] = {}
+    todo = [schema]
+    while todo:
+        node = todo.pop()
+        subs, size = _subschemas(node)
+        for key in _REF_KEYS:
+            ref = node.get(key)
+            if not isinstance(ref, str) or not ref.startswith("#"):
+                continue
+            frag = unquote(ref[1:])
+            root = owner.get(id(node), schema)
+            if key == "$recursiveRef":
+                targets: list[Any] = [root, schema]
+            elif frag == "":
+                targets = [root]
+            elif frag.startswith("/"):
+                found, target = _pointer(root, frag)
+                targets = [target] if found else []
+            else:
+                targets = list(anchors.get(frag, ()))
+            if not targets:
+                return f"{key} {ref!r} does not resolve within the schema"
+            subs.extend((t, None) for t in {id(t): t for t in targets}.values())
+        out = edges[id(node)] = []
+        for sub, label in subs:
+            if isinstance(sub, dict):
+                out.append((id(sub), label))
+                if id(sub) not in nodes:
+                    nodes[id(sub)] = sub
+                    todo.append(sub)
+            else:
+                size += _raw_size(sub)
+        own[id(node)] = size
+
+    comp_of: dict[int, int] = {}
+    expanded: list[int] = []
+    recursive: list[bool] = []
+    limit = MAX_SCHEMA_EXPANSION + 1
+    for members in _components(edges, id(schema)):
+        c = len(expanded)
+        for m in members:
+            comp_of[m] = c
+        inside = set(members)
+        cyclic = len(members) > 1 or any(t == members[0] for t, _ in edges[members[0]])
+        if cyclic:
+            problem = _recursion_problem(members, inside, edges)
+            if problem is not None:
+                return problem
+        total, reaches = 0, cyclic
+        for m in members:
+            total += own[m]
+            for t, _ in edges[m]:
+                if t not in inside:
+                    d = comp_of[t]
+                    reaches |= recursive[d]
+                    total += expanded[d] * (_RECURSION_DEPTH if cyclic and recursive[d] else 1)
+        expanded.append(min(total, limit))
+        recursive.append(reaches)
+    if expanded[-1] > MAX_SCHEMA_EXPANSION:
+        return f"expands to more than {MAX_SCHEMA_EXPANSION} nodes through $ref"
+    return None
+
+
+def _components(edges: dict[int, list[tuple[int, _Label | None]]], root: int) -> list[list[int]]:
+    """Strongly connected components reachable from ``root``, successors first (Tarjan, iterative)."""
+    index: dict[int, int] = {root: 0}
+    low: dict[int, int] = {root: 0}
+    stack, on_stack, out = [root], {root}, []
+    work = [(root, 0)]
+    while work:
+        v, i = work[-1]
+        if i < len(edges[v]):
+            work[-1] = (v, i + 1)
+            w = edges[v][i][0]
+            if w not in index:
+                index[w] = low[w] = len(index)
+                stack.append(w)
+                on_stack.add(w)
+                work.append((w, 0))
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+            continue
+        work.pop()
+        if work:
+            u = work[-1][0]
+            low[u] = min(low[u], low[v])
+        if low[v] == index[v]:
+            members: list[int] = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                members.append(w)
+                if w == v:
+                    break
+            out.append(members)
+    return out
+
+
+def _recursion_problem(members: list[int], inside: set[int],
+                       edges: dict[int, list[tuple[int, _Label | None]]]) -> str | None:
+    """Refuse a recursion that loops on one value or can reach one child value two ways.
+
+    Two different cycles through one subschema with the same labels would double the work per
+    level of the value; where two such cycles part, their next child labels must overlap. So each
+    subschema's edges into the recursion must lead to disjoint next labels (over-approximated).
+    """
+    first: dict[int, _Labels] = {}  # labels of the next descent, through in-place edges
+    for start in members:
+        if start in first:
+            continue
+        path: set[int] = {start}
+        work = [(start, 0)]
+        while work:
+            v, i = work[-1]
+            places = [t for t, label in edges[v] if label is None and t in inside]
+            if i < len(places):
+                work[-1] = (v, i + 1)
+                t = places[i]
+                if t in path:
+                    return "a $ref cycle never descends into the value (it would loop on one value)"
+                if t not in first:
+                    path.add(t)
+                    work.append((t, 0))
+                continue
+            work.pop()
+            path.discard(v)
+            labels = _Labels()
+            for t, label in edges[v]:
+                if t in inside:
+                    if label is None:
+                        labels.merge(first[t])
+                    else:
+                        labels.add(label)
+            first[v] = labels
+    for v in members:
+        seen = _Labels()
+        for t, label in edges[v]:
+            if t not in inside:
+                continue
+            if label is None:
+                nxt = first[t]
+            else:
+                nxt = _Labels()
+                nxt.add(label)
+            if seen.meets(nxt):
+                return ("a recursive $ref reaches the same part of the value along two paths "
+                        "(validation would double with every level)")
+            seen.merge(nxt)
+    return None
+
+
 def compile_schema(schema: Any, where: str, problems: list[str]) -> Any | None:
     """Compile ``schema`` under its declared dialect, or record why it cannot be used."""
     if not isinstance(schema, dict):
@@ -85,6 +418,11 @@ def compile_schema(schema: Any, where: str, problems: list[str]) -> Any | None:
     if remote:
         problems.append(f"{where}: remote $ref not allowed ({', '.join(sorted(set(remote))[:3])})")
         return None
+    if refs:
+        expansion = _expansion_problem(schema)
+        if expansion is not None:
+            problems.append(f"{where}: {expansion}")
+            return None
     dialect = schema.get("$schema")
     cls = _DIALECTS.get(dialect) if (dialect is None or isinstance(dialect, str)) else None
     if cls is None:
