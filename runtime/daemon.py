@@ -83,8 +83,13 @@ class Daemon:
         async def one(path: Path) -> None:
             sig, print_ = (prints or {}).get(path) or (stat_signature(path), fingerprint(path))
             async with self._load_limiter:
-                plugin = await load_plugin(path, self.nursery, self.config.policy, self.config.state_dir,
-                                           self.config.min_workers, describe_only)
+                try:
+                    plugin = await load_plugin(path, self.nursery, self.config.policy, self.config.state_dir,
+                                               self.config.min_workers, describe_only)
+                except Exception as exc:  # our bug, met by this folder: it is refused, the others load
+                    log("internal_error", level="error", where="plugin load", path=str(path),
+                        error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                    plugin = Plugin(path, problems=[f"could not be loaded: {type(exc).__name__}: {str(exc)[:200]}"])
             plugin.fingerprint = print_
             self._signatures[path] = sig
             results[path] = plugin

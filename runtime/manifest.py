@@ -35,7 +35,9 @@ Example::
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
@@ -49,11 +51,18 @@ from runtime.server_spec import ServerSpec, check_requirements, check_server
 from sandbox.wire import Limits, Permissions
 
 MANIFEST_NAME = "plugin.toml"
+#: A manifest larger than this is refused unread (a real one is a few hundred bytes).
+MAX_MANIFEST_BYTES = 256 * 1024
 _PLUGIN_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: Variables a manifest can never copy in: they change how the interpreter itself behaves.
-_ENV_FORBIDDEN = re.compile(r"^(PYTHON.*|LD_.*)$")
+#: Variables a manifest can never set or copy in: they change how the interpreter or the C library
+#: behaves before the worker has isolated itself (the dynamic loader; locale and character-set
+#: modules, which glibc loads as code: GCONV_PATH, LOCPATH; message catalogues; tunables; resolver
+#: and host alias files).
+_ENV_FORBIDDEN = re.compile(
+    r"^(PYTHON.*|LD_.*|GCONV_PATH|LOCPATH|NLSPATH|GLIBC_TUNABLES|MALLOC_.*|HOSTALIASES|RES_OPTIONS|LOCALDOMAIN"
+    r"|GETCONF_DIR)$")
 
 
 #: Bounds of ``limits.max_processes`` (declared on ``Limits``; named here for tests and docs).
@@ -144,26 +153,43 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
         for p in paths:
             if not p.startswith("/"):
                 problems.append(f"permissions.{kind} {p!r}: must be an absolute path")
+            elif ".." in p.split("/"):
+                problems.append(f"permissions.{kind} {p!r}: must not contain '..' (name the folder itself)")
     return problems
 
 
 def load_manifest(plugin_dir: Path) -> Manifest:
-    """Read and check ``plugin.toml``; raises ``ManifestError`` listing every problem."""
+    """Read and check ``plugin.toml``; raises ``ManifestError`` listing every problem.
+
+    The file is the plugin author's: whatever it holds (any size, nesting, number, type) refuses this
+    plugin with a reason, never more."""
     path = plugin_dir / MANIFEST_NAME
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ManifestError(path, [f"{MANIFEST_NAME} is not a regular file"])
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ManifestError(path, [f"{MANIFEST_NAME} is larger than {MAX_MANIFEST_BYTES} bytes"])
+        raw = tomllib.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise ManifestError(path, [f"no {MANIFEST_NAME} in {plugin_dir}"]) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(path, [f"not valid TOML: {exc}"]) from None
+    except OSError as exc:
+        raise ManifestError(path, [f"{MANIFEST_NAME} cannot be read: {exc.strerror or exc}"]) from None
+    except RecursionError:
+        raise ManifestError(path, ["not valid TOML: nested too deeply"]) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a 5,000-digit integer
+        raise ManifestError(path, [f"not valid TOML: {str(exc)[:300]}"]) from None
     # Declared bounds first, every one; the rest is decoded without the offending values, so that
     # its own problems are reported in the same go.
-    violated = declared_bounds.violations(raw, Manifest)
-    problems = [message for _keys, message in violated]
     try:
+        violated = declared_bounds.violations(raw, Manifest)
+        problems = [message for _keys, message in violated]
         manifest = msgspec.convert(declared_bounds.without(raw, violated), Manifest)
     except msgspec.ValidationError as exc:
         raise ManifestError(path, problems + [str(exc)]) from None
+    except (RecursionError, ValueError, TypeError, OverflowError) as exc:
+        raise ManifestError(path, [f"cannot be read as a manifest: {type(exc).__name__}: {str(exc)[:200]}"]) from None
     problems += check_manifest(manifest, plugin_dir)
     if problems:
         raise ManifestError(path, problems)

@@ -444,3 +444,28 @@ async def test_descriptors_a_starting_worker_passes_are_not_kept(make_plugin: Ca
         await peer.initialize("2025-11-25")
         await assert_still_serving(peer)
     assert peak < 100, peak  # the daemon holds under 20 here; it held 400+ of the pusher's 1,600
+
+
+async def test_a_folder_whose_manifest_cannot_be_read_is_refused_at_start_and_on_reload(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    """A plugin.toml with a 5,000-digit number (ValueError in tomllib) or a nesting too deep for it
+    (RecursionError) used to escape the loader: at start `toolcell list` crashed, and dropped in
+    beside a serving plugin it stopped the daemon on the hot reload."""
+    plugins = make_plugin("probe", probe_plugins.PROBE, limits=PROBE_LIMITS)
+    digits = plugins / "digits"
+    digits.mkdir()
+    (digits / "plugin.toml").write_text('name = "digits"\nversion = "1"\nentry = "x"\n[limits]\ntimeout_s = '
+                                        + "9" * 5000 + "\n")
+    log = tmp_path / "daemon.log"
+    async with open_toolcell(plugins, stderr_path=log, watch=True) as peer:
+        await peer.initialize("2025-11-25")
+        await assert_still_serving(peer)
+        deep = plugins / "deep"
+        deep.mkdir()
+        (deep / "plugin.toml").write_text("x = " + "[" * 3000 + "]" * 3000 + "\n")
+        with trio.fail_after(20):
+            while '"plugin":"deep"' not in log.read_text():
+                await trio.sleep(0.1)
+        await assert_still_serving(peer)
+    text = log.read_text()
+    assert "not valid TOML" in text and "nested too deeply" in text

@@ -247,6 +247,34 @@ def test_bad_limits_and_network_entries_fail_the_manifest_check(tmp_path: Path, 
     assert fragment in str(exc.value)
 
 
+@pytest.mark.parametrize("body, fragment", [
+    ("x = " + "[" * 2000 + "]" * 2000 + "\n", "nested too deeply"),
+    ("[limits]\ntimeout_s = " + "9" * 5000 + "\n", "not valid TOML"),
+    ("description = '" + "x" * 300_000 + "'\n", "larger than"),
+    ('[env]\nset = { GCONV_PATH = "/plugin/gconv", LOCPATH = "/plugin/locale" }\n', "'GCONV_PATH' may not be passed"),
+    ('[env]\nallow = ["GLIBC_TUNABLES"]\n', "'GLIBC_TUNABLES' may not be passed"),
+    ('[permissions]\nwrite = ["/srv/shared/esc/.."]\n', "must not contain '..'"),
+])
+def test_a_hostile_manifest_refuses_its_plugin_with_a_reason_and_raises_nothing_else(
+        tmp_path: Path, body: str, fragment: str) -> None:
+    """What a plugin author writes in plugin.toml refuses that plugin only: a nesting or a number
+    tomllib cannot take (RecursionError, ValueError) used to escape and stop the daemon on a hot
+    reload; a variable that makes glibc load code from the plugin's folder before the worker
+    isolates (GCONV_PATH, LOCPATH ...) is refused like LD_*."""
+    with pytest.raises(ManifestError) as exc:
+        load_manifest(write_manifest(tmp_path / "p", body))
+    assert fragment in str(exc.value)
+
+
+def test_a_manifest_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    folder = write_manifest(tmp_path / "p", "")
+    (folder / "plugin.toml").unlink()
+    (folder / "plugin.toml").mkdir()
+    with pytest.raises(ManifestError) as exc:
+        load_manifest(folder)
+    assert "not a regular file" in str(exc.value) or "cannot be read" in str(exc.value)
+
+
 # -- the proxy in this process, on real sockets --------------------------------------------------------
 
 
