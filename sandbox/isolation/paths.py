@@ -72,6 +72,11 @@ def allowlist(init: Init) -> Allowlist:
     read += list(init.command_read)
     read = _real(read)
     write = _real(list(init.permissions.write))
+    for granted in (*init.permissions.read, *init.permissions.write):
+        link = through_writable_symlink(granted, write)
+        if link is not None:
+            raise ValueError(f"permissions path {granted!r} leads through the symlink {link!r}, in a folder this "
+                             "plugin may write (it could have made it): name the real folder instead")
     read = [p for p in read if p not in write]
     covered = read + write
     list_only = [
@@ -85,6 +90,23 @@ def allowlist(init: Init) -> Allowlist:
         devices_write=_real(list(DEVICES_WRITE)),
         devices_read=_real(list(DEVICES_READ)),
     )
+
+
+def through_writable_symlink(path: str, writable: list[str]) -> str | None:
+    """The first symlink on the way to ``path`` that sits in a folder under ``writable`` (resolved), or
+    None. Grants are resolved when a worker starts: a symlink the plugin itself could have made (it
+    may write where it sits) would send a grant anywhere it points, so such a grant is refused."""
+    current = "/"
+    for part in os.path.normpath(path).split("/"):
+        if not part:
+            continue
+        step = os.path.join(current, part)
+        if os.path.islink(step):
+            if any(is_under(current, w) for w in writable):
+                return step
+            step = os.path.realpath(step)
+        current = step
+    return None
 
 
 def is_under(path: str, root: str) -> bool:

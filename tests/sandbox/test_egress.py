@@ -867,3 +867,27 @@ def test_check_shows_the_network_grant_as_proxied_and_the_process_limit(make_plu
     assert res.returncode == 0, res.stdout + res.stderr
     assert "net(proxied):api.example.com:443" in res.stdout
     assert "procs 32" in res.stdout
+
+
+def test_a_grant_through_a_symlink_the_plugin_could_have_made_is_refused(tmp_path: Path) -> None:
+    """Grants are resolved when a worker starts. With write access to a folder, a plugin can put a
+    symlink there; a read or write grant of a path through it would then reach wherever it points
+    (here a secret folder). Such a grant fails the worker's start; a symlink elsewhere is followed."""
+    from sandbox.isolation import paths
+    from sandbox.wire import Init, Limits, Permissions
+
+    shared, secret, real = tmp_path / "shared", tmp_path / "secret", tmp_path / "real"
+    for folder in (shared, secret, real):
+        folder.mkdir()
+    (shared / "cache").symlink_to(secret)  # made by the plugin, which may write in shared
+    (tmp_path / "link").symlink_to(real)  # not in anything the plugin may write
+
+    def init(read: list[str], write: list[str]) -> Init:
+        return Init(plugin_name="p", plugin_dir=str(tmp_path), entry="p", sys_path=[], env={}, limits=Limits(),
+                    permissions=Permissions(read=read, write=write), policy="strict", scratch_dir=str(tmp_path))
+
+    for read, write in (([str(shared / "cache")], [str(shared)]), ([], [str(shared), str(shared / "cache")])):
+        with pytest.raises(ValueError, match="leads through the symlink"):
+            paths.allowlist(init(read, write))
+    allowed = paths.allowlist(init([str(tmp_path / "link")], [str(shared)]))
+    assert str(real) in allowed.read and str(shared) in allowed.write
