@@ -17,6 +17,7 @@ Example ``toolcell.toml``::
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -126,6 +127,26 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
 class ConfigError(Exception):
     pass
+
+
+def secure_state_dir(path: str) -> None:
+    """Make the state dir (0711), or check the one that is there: a real directory owned by this
+    user that nobody else may write. It holds approvals, installed environments, pidfiles and the
+    request-state key; under /tmp another local user could have made it first and planted them.
+    Raises ``ConfigError`` saying what is wrong."""
+    try:
+        os.makedirs(path, mode=0o711, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise ConfigError(f"state_dir {path}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"state_dir {path} is not a directory (a symlink or a file): remove it or set another")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"state_dir {path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}): "
+                          "someone else may have made it; remove it or set another state_dir")
+    if st.st_mode & 0o022:
+        raise ConfigError(f"state_dir {path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): "
+                          "chmod go-w it, or set another state_dir")
 
 
 def check_config(cfg: Config) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from runtime.config import Config
+from runtime.config import Config, secure_state_dir
 from runtime.logs import log
 from runtime.plugins import Plugin, awaiting_approval, discover, load_plugin, resolve_conflicts
 from runtime.calls import CallDispatcher
@@ -265,6 +265,7 @@ async def _open_task_store(config: Config) -> TaskStore | None:
 
 @asynccontextmanager
 async def open_daemon(config: Config, describe_only: bool = False) -> AsyncIterator[Daemon]:
+    secure_state_dir(config.state_dir)  # before anything in it is trusted: approvals, environments, pidfiles
     become_subreaper()
     sweep_stale_scratch(config.state_dir)
     try:

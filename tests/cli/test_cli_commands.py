@@ -391,6 +391,31 @@ def test_scratch_folders_of_daemons_that_are_gone_are_swept_at_start(tmp_path: P
     assert not dead.exists() and alive.exists()
 
 
+def test_a_state_dir_someone_else_could_have_planted_is_refused(tmp_path: Path) -> None:
+    """The state dir holds approvals, installed environments, pidfiles and the request-state key; the
+    default lives under /tmp, where another local user could make it first. One writable by others,
+    owned by someone else, or a symlink is refused with the reason, before anything in it is used."""
+    state = tmp_path / "state"
+    state.mkdir()
+    config = tmp_path / "toolcell.toml"
+    config.write_text(f'state_dir = "{state}"\n')
+    args = ("list", "--config", str(config), "--policy", "none", "--plugins", str(REPO / "plugins" / "conformance"))
+    state.chmod(0o777)
+    out = toolcell(*args)
+    assert out.returncode == 2 and "writable by others" in out.stderr, out.stderr
+    state.chmod(0o711)
+    os.chown(state, 65534, 65534)
+    out = toolcell(*args)
+    assert out.returncode == 2 and "belongs to uid 65534" in out.stderr, out.stderr
+    state.rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    state.symlink_to(tmp_path / "elsewhere")
+    out = toolcell(*args)
+    assert out.returncode == 2 and "not a directory" in out.stderr, out.stderr
+    state.unlink()
+    assert toolcell(*args).returncode == 0  # made afresh, private
+
+
 def test_what_a_plugin_prints_reaches_the_log_line_by_line_while_its_worker_lives(tmp_path: Path) -> None:
     import time
 
