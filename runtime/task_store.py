@@ -23,6 +23,12 @@ The rules both keep:
   ``working`` after its daemon died.
 - Other daemons reach a task's owner through the task's mailbox (``post``; the owner ``take``s):
   cancel requests and input responses may arrive at any daemon.
+- What is read back is not trusted (another daemon version, a bug, or anyone with access to Redis
+  or the file may have written it): every record goes through ``decode_record``, which checks each
+  field's type and range, the status, and that each JSON payload is one value of its shape with no
+  raw line break (the daemon splices payloads into its messages, and over stdio a line is a
+  message). A record that fails is *corrupt*: reads by id (``get``, ``inspect``, ``transition``)
+  answer ``corrupt_record``, a failed task whose error says so; listings skip it.
 
 ``runtime.task_store_open`` opens the backend a ``tasks.store`` URL names.
 
@@ -35,16 +41,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import os
 import re
 import secrets
 import socket
 import time
 from collections.abc import Callable
-from typing import Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, cast
 
 import msgspec
 
+from runtime.logs import log
 from runtime.protocol.errors import INTERNAL_ERROR
 
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
@@ -115,6 +123,11 @@ class TaskMailboxFull(TaskStoreError):
 
 class TaskExists(TaskStoreError):
     """``create`` was given an id that is already stored."""
+
+
+class CorruptTaskRecord(ValueError):
+    """A record read back from the store is not one a daemon writes; the message says which field
+    (never its content, which may be anything)."""
 
 
 class TaskStoreUnavailable(TaskStoreError):
@@ -284,6 +297,116 @@ def orphan_error(reason: str) -> tuple[str, bytes]:
     if reason:
         message += f" ({reason})"
     return message, msgspec.json.encode({"code": ORPHAN_ERROR_CODE, "message": message})
+
+
+# -- reading records back (untrusted) ---------------------------------------------------------------
+
+CORRUPT_MESSAGE: Final = "the stored task record is corrupt"
+_MAX_INT: Final = 2**63 - 1
+#: 9999-12-31T23:59:59.999Z: the last instant an ISO date (``createdAt``) can show.
+_MAX_TIME_MS: Final = 253_402_300_799_999
+
+
+class _StoredError(msgspec.Struct):
+    """A JSON-RPC error object as stored (other members, ``data`` included, are skipped but must parse)."""
+
+    code: int
+    message: str
+
+
+#: One decoder per payload; ``Raw`` leaves are syntax-checked without building their objects.
+_PAYLOAD_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
+    "result": msgspec.json.Decoder(dict[str, msgspec.Raw]),
+    "error": msgspec.json.Decoder(_StoredError),
+    # ``{key: {"method", "params"}}`` as ``runtime.tasks`` writes it; it reads each question defensively
+    # (``_stored_requests`` drops one it cannot ask), so an object of objects is all that is required.
+    "input_requests": msgspec.json.Decoder(dict[str, dict[str, msgspec.Raw]]),
+}
+
+
+def check_stored_payload(what: str, data: object) -> bytes | None:
+    """``data`` if it is None or one JSON value of the shape ``what`` (result, error, input_requests)
+    has, in UTF-8, with no raw CR or LF (insignificant whitespace could hold them, and the daemon
+    pastes these bytes into its messages); CorruptTaskRecord otherwise. Costs one decode."""
+    if data is None:
+        return None
+    if type(data) is not bytes:
+        raise CorruptTaskRecord(f"{what}: not bytes")
+    if b"\n" in data or b"\r" in data:
+        raise CorruptTaskRecord(f"{what}: a raw line break")
+    try:
+        _PAYLOAD_DECODERS[what].decode(data)
+        data.decode("utf-8")  # msgspec does not check the bytes of a Raw value
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        raise CorruptTaskRecord(f"{what}: not JSON of the expected shape") from None
+    return data
+
+
+def _text(what: str, value: object, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if type(value) is not str:
+        raise CorruptTaskRecord(f"{what}: not text")
+    return value
+
+
+def _number(what: str, value: object, top: int = _MAX_INT, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if type(value) is not int or not 0 <= value <= top:
+        raise CorruptTaskRecord(f"{what}: not an integer in range")
+    return value
+
+
+def decode_record(task_id: object, principal: object, tool: object, era: object, status: object,
+                  status_message: object, created_at_ms: object, updated_at_ms: object, ttl_ms: object,
+                  poll_interval_ms: object, owner: object, result: object = None, error: object = None,
+                  input_requests: object = None) -> TaskRecord:
+    """A record from the values a backend read (Python values, SQLite's column order), checked: every
+    field of its type and range, a known status, each payload by ``check_stored_payload``. Raises
+    CorruptTaskRecord. The bytes are kept as stored (not re-encoded: large numbers stay exact)."""
+    checked_id = _text("task_id", task_id)
+    if not TASK_ID_RE.match(cast(str, checked_id)):
+        raise CorruptTaskRecord("task_id: not a task id")
+    if status not in STATUSES:
+        raise CorruptTaskRecord("status: not a known status")
+    return TaskRecord(
+        task_id=cast(str, checked_id), principal=cast(str, _text("principal", principal)),
+        tool=cast(str, _text("tool", tool)), era=cast(str, _text("era", era)), status=cast(TaskStatus, status),
+        status_message=_text("status_message", status_message, optional=True),
+        created_at_ms=cast(int, _number("created_at_ms", created_at_ms, _MAX_TIME_MS)),
+        updated_at_ms=cast(int, _number("updated_at_ms", updated_at_ms, _MAX_TIME_MS)),
+        ttl_ms=_number("ttl_ms", ttl_ms, optional=True),
+        poll_interval_ms=_number("poll_interval_ms", poll_interval_ms, optional=True),
+        owner=cast(str, _text("owner", owner)),
+        result=check_stored_payload("result", result), error=check_stored_payload("error", error),
+        input_requests=check_stored_payload("input_requests", input_requests))
+
+
+_reported: set[str] = set()
+
+
+def report_corrupt(task_id: str, problem: str) -> None:
+    """Log a corrupt record once per task (per process; the set is bounded)."""
+    if task_id in _reported:
+        return
+    if len(_reported) >= 4096:
+        _reported.clear()
+    _reported.add(task_id)
+    log("task_record_corrupt", level="error", task=task_id[:128], problem=problem[:200])
+
+
+def corrupt_record(task_id: str, principal: str, problem: str, created_at_ms: object = 0) -> TaskRecord:
+    """What a read by id answers for a corrupt record: a failed task (terminal, so nobody polls it until
+    its ttl) with the internal error ``CORRUPT_MESSAGE``, keeping only the id and principal asked for.
+    Logged once."""
+    report_corrupt(task_id, problem)
+    created = 0
+    with contextlib.suppress(CorruptTaskRecord):
+        created = cast(int, _number("created_at_ms", created_at_ms, _MAX_TIME_MS))
+    return TaskRecord(task_id=task_id, principal=principal, tool="", era="", status="failed",
+                      status_message=CORRUPT_MESSAGE, created_at_ms=created, updated_at_ms=created, ttl_ms=None,
+                      owner="", error=msgspec.json.encode({"code": INTERNAL_ERROR, "message": CORRUPT_MESSAGE}))
 
 
 class _Cursor(msgspec.Struct, array_like=True, frozen=True):

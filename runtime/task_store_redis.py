@@ -24,6 +24,7 @@ server is told to be (``appendonly yes`` to survive a Redis restart).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -45,11 +46,16 @@ from runtime.task_store import (
     TaskMailboxFull,
     TaskRecord,
     TaskStatus,
+    TASK_ID_RE,
+    CorruptTaskRecord,
     _Unset,
+    corrupt_record,
     decode_cursor,
+    decode_record,
     encode_cursor,
     orphan_error,
     redact_store_url,
+    report_corrupt,
     unavailable_error,
 )
 
@@ -204,21 +210,50 @@ def _member(created_at_ms: int, task_id: str) -> bytes:
     return f"{created_at_ms:016d}:{task_id}".encode()
 
 
-def _int(value: bytes | None) -> int | None:
-    return None if value is None else int(value)
+#: An index member as ``_member`` writes it: ``<created, 16 digits>:<id>``.
+_MEMBER_RE = re.compile(rb"^([0-9]{16}):([A-Za-z0-9_-]{8,128})$")
 
 
-def _text(value: bytes | None) -> str | None:
-    return None if value is None else value.decode()
+def _int(h: dict[bytes, bytes], name: bytes) -> int | None:
+    """A number field as redis-py writes one (ASCII digits); None if absent, CorruptTaskRecord if not one."""
+    value = h.get(name)
+    if value is None:
+        return None
+    if not value.isdigit() or len(value) > 19:
+        raise CorruptTaskRecord(f"{name.decode()}: not an integer in range")
+    return int(value)
+
+
+def _text(h: dict[bytes, bytes], name: bytes) -> str | None:
+    value = h.get(name)
+    if value is None:
+        return None
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise CorruptTaskRecord(f"{name.decode()}: not UTF-8") from None
 
 
 def _record(h: dict[bytes, bytes]) -> TaskRecord:
-    return TaskRecord(task_id=h[b"task_id"].decode(), principal=h[b"principal"].decode(), tool=h[b"tool"].decode(),
-                      era=h[b"era"].decode(), status=cast(TaskStatus, h[b"status"].decode()),
-                      status_message=_text(h.get(b"status_message")), created_at_ms=int(h[b"created_at_ms"]),
-                      updated_at_ms=int(h[b"updated_at_ms"]), ttl_ms=_int(h.get(b"ttl_ms")),
-                      poll_interval_ms=_int(h.get(b"poll_interval_ms")), owner=h[b"owner"].decode(),
-                      result=h.get(b"result"), error=h.get(b"error"), input_requests=h.get(b"input_requests"))
+    """The task a hash holds, checked by ``decode_record`` (absent fields are None); CorruptTaskRecord."""
+    return decode_record(_text(h, b"task_id"), _text(h, b"principal"), _text(h, b"tool"), _text(h, b"era"),
+                         _text(h, b"status"), _text(h, b"status_message"), _int(h, b"created_at_ms"),
+                         _int(h, b"updated_at_ms"), _int(h, b"ttl_ms"), _int(h, b"poll_interval_ms"),
+                         _text(h, b"owner"), h.get(b"result"), h.get(b"error"), h.get(b"input_requests"))
+
+
+def _corrupt(h: dict[bytes, bytes], task_id: str, principal: str | None, exc: CorruptTaskRecord) -> TaskRecord:
+    """What a read by id answers for a corrupt hash (``principal`` None: the hash's, if readable)."""
+    if principal is None:
+        try:
+            principal = _text(h, b"principal") or ""
+        except CorruptTaskRecord:
+            principal = ""
+    try:
+        created: int | None = _int(h, b"created_at_ms")
+    except CorruptTaskRecord:
+        created = None
+    return corrupt_record(task_id, principal, str(exc), created or 0)
 
 
 def _pairs(flat: Sequence[bytes]) -> dict[bytes, bytes]:
@@ -337,22 +372,36 @@ class RedisTaskStore:
                                  f"{max_live_per_principal})")
 
     def _alive(self, h: dict[bytes, bytes], now_ms: int) -> bool:
-        deadline = h.get(b"expires_at_ms")
-        return bool(h) and (deadline is None or int(deadline) >= now_ms)
+        """Whether a hash holds an unexpired task; CorruptTaskRecord if its deadline is not a number."""
+        deadline = _int(h, b"expires_at_ms")
+        return bool(h) and (deadline is None or deadline >= now_ms)
+
+    def _read(self, h: dict[bytes, bytes], task_id: str, principal: str | None, now_ms: int) -> TaskRecord | None:
+        """The task a hash read by id holds: None if absent or expired, ``corrupt_record`` if corrupt."""
+        if not h:
+            return None
+        try:
+            if not self._alive(h, now_ms):
+                return None
+            rec = _record(h)
+            if rec.task_id != task_id:
+                raise CorruptTaskRecord("task_id: not the one its key names")
+            return rec
+        except CorruptTaskRecord as exc:
+            return _corrupt(h, task_id, principal, exc)
 
     async def get(self, task_id: str, principal: str) -> TaskRecord | None:
         now_ms = self._clock_ms()
         wanted = principal.encode()
 
         def then(h: dict[bytes, bytes]) -> TaskRecord | None:
-            return _record(h) if self._alive(h, now_ms) and h[b"principal"] == wanted else None
+            return self._read(h, task_id, principal, now_ms) if h.get(b"principal") == wanted else None
 
         return await self._cmd(then, "HGETALL", self._key("task", task_id))
 
     async def inspect(self, task_id: str) -> TaskRecord | None:
         now_ms = self._clock_ms()
-        return await self._cmd(lambda h: _record(h) if self._alive(h, now_ms) else None,
-                               "HGETALL", self._key("task", task_id))
+        return await self._cmd(lambda h: self._read(h, task_id, None, now_ms), "HGETALL", self._key("task", task_id))
 
     async def transition(self, task_id: str, *, status: TaskStatus, now_ms: int,
                          status_message: str | None | _Unset = UNSET, result: bytes | None | _Unset = UNSET,
@@ -369,15 +418,17 @@ class RedisTaskStore:
                 sets += [name, value]
         argv = [task_id, status, now_ms, self._clock_ms(), self._p, len(sets) // 2, *sets, *clears]
         return await self._script("transition", [self._key("task", task_id), self._key("mailbox", task_id)], argv,
-                                  lambda flat: None if flat is None else _record(_pairs(flat)))
+                                  lambda flat: None if flat is None else self._read(_pairs(flat), task_id, None, 0))
 
     async def list(self, principal: str, cursor: str | None, limit: int) -> Page:
-        return await self._page(self._key("principal", principal), cursor, limit)
+        return await self._page(self._key("principal", principal), cursor, limit, principal)
 
     async def list_all(self, cursor: str | None, limit: int) -> Page:
-        return await self._page(f"{self._p}all", cursor, limit)
+        return await self._page(f"{self._p}all", cursor, limit, None)
 
-    async def _page(self, index: str, cursor: str | None, limit: int) -> Page:
+    async def _page(self, index: str, cursor: str | None, limit: int, principal: str | None) -> Page:
+        """Newest first from an index; a malformed member or a corrupt task is skipped (logged once), as
+        is a task that is not the member's (another id, creation time or, for ``list``, principal)."""
         if limit < 1:
             raise ValueError("limit must be >= 1")
         start: bytes = b"+" if cursor is None else b"(" + _member(*decode_cursor(cursor))
@@ -390,14 +441,30 @@ class RedisTaskStore:
                 members = cast(list[bytes], client.zrevrangebylex(index, upper, b"-", 0, limit + 1 - len(found)))
                 if not members:
                     break
-                pipe = client.pipeline(transaction=False)
+                keys: list[tuple[int, str]] = []
                 for m in members:
-                    pipe.hmget(self._p + "task:" + m.split(b":", 1)[1].decode(), [*_HEAD_FIELDS, b"expires_at_ms"])
-                for values in pipe.execute():
+                    match = _MEMBER_RE.match(m)
+                    if match is None:
+                        report_corrupt(f"{index}:{m[:160]!r}", "index member: malformed")
+                    else:
+                        keys.append((int(match[1]), match[2].decode()))
+                pipe = client.pipeline(transaction=False)
+                for _, task_id in keys:
+                    pipe.hmget(self._key("task", task_id), [*_HEAD_FIELDS, b"expires_at_ms"])
+                for (created, task_id), values in zip(keys, pipe.execute(), strict=True):
                     h = {k: v for k, v in zip(_HEAD_FIELDS + (b"expires_at_ms",), values, strict=True)
                          if v is not None}
-                    if self._alive(h, now_ms):
-                        found.append(_record(h))
+                    try:
+                        if not self._alive(h, now_ms):
+                            continue
+                        rec = _record(h)
+                        if (rec.task_id, rec.created_at_ms) != (task_id, created) or (
+                                principal is not None and rec.principal != principal):
+                            raise CorruptTaskRecord("not the task its index member names")
+                    except CorruptTaskRecord as exc:
+                        report_corrupt(task_id, str(exc))
+                        continue
+                    found.append(rec)
                 upper = b"(" + members[-1]
             return found
 
@@ -435,12 +502,12 @@ class RedisTaskStore:
         message, error = orphan_error(reason)
         failed = 0
         for raw, beat in await self._call(owners):
-            owner = raw.decode()
-            verdict = owner_alive(owner) if owner_alive is not None else None
+            # Read back, so any bytes: the keys and the script take them as they are.
+            verdict = owner_alive(raw.decode(errors="replace")) if owner_alive is not None else None
             if verdict is True or (verdict is None and beat >= stale_before):
                 continue
-            keys = [self._key("owned", owner), f"{self._p}owners"]
-            argv = [owner, stale_before if verdict is None else "", self._p, message, error, now_ms]
+            keys: list[str | bytes] = [self._p.encode() + b"owned:" + raw, f"{self._p}owners"]
+            argv = [raw, stale_before if verdict is None else "", self._p, message, error, now_ms]
             failed += max(0, await self._script("fail_owner", keys, argv, int))
         return failed
 
@@ -453,14 +520,21 @@ class RedisTaskStore:
                     return removed
                 pipe = client.pipeline(transaction=True)
                 for m in members:
-                    e = _decode_expiring(m)
+                    pipe.zrem(f"{self._p}expiry", m)
+                    try:
+                        e = _decode_expiring(m)
+                        if not TASK_ID_RE.match(e.task_id) or e.created_at_ms < 0:
+                            raise ValueError("not a task's")
+                    except (msgspec.DecodeError, ValueError):  # removed above, never swept again
+                        report_corrupt(f"expiry:{m[:160]!r}", "expiry member: malformed")
+                        removed -= 1
+                        continue
                     member = _member(e.created_at_ms, e.task_id)
                     pipe.delete(self._key("task", e.task_id), self._key("mailbox", e.task_id))
                     pipe.zrem(self._key("principal", e.principal), member)
                     pipe.zrem(f"{self._p}all", member)
                     pipe.srem(self._key("live", e.principal), e.task_id)
                     pipe.srem(self._key("owned", e.owner), e.task_id)
-                    pipe.zrem(f"{self._p}expiry", m)
                 pipe.execute()
                 removed += len(members)
 

@@ -33,10 +33,14 @@ from runtime.task_store import (
     TaskRecord,
     TaskIds,
     TaskStatus,
+    CorruptTaskRecord,
     _Unset,
+    corrupt_record,
     decode_cursor,
+    decode_record,
     encode_cursor,
     orphan_error,
+    report_corrupt,
     unavailable_error,
 )
 
@@ -93,11 +97,18 @@ _CHUNK = 500
 
 
 def _record(row: Sequence[Any]) -> TaskRecord:
-    return TaskRecord(task_id=row[0], principal=row[1], tool=row[2], era=row[3], status=row[4],
-                      status_message=row[5], created_at_ms=row[6], updated_at_ms=row[7], ttl_ms=row[8],
-                      poll_interval_ms=row[9], owner=row[10],
-                      result=row[11] if len(row) > 11 else None, error=row[12] if len(row) > 12 else None,
-                      input_requests=row[13] if len(row) > 13 else None)
+    """The record of a row (``_COLUMNS`` or ``_HEAD_COLUMNS``), checked; CorruptTaskRecord if it is not
+    one a daemon writes (SQLite keeps whatever type it is given in any column)."""
+    return decode_record(*row)
+
+
+def _record_by_id(row: Sequence[Any], task_id: str, principal: str | None) -> TaskRecord:
+    """A row read by id: its record, or ``corrupt_record`` (``principal`` None: the row's, if text)."""
+    try:
+        return _record(row)
+    except CorruptTaskRecord as exc:
+        owner = principal if principal is not None else row[1] if type(row[1]) is str else ""
+        return corrupt_record(task_id, owner, str(exc), row[6])
 
 
 def _write(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
@@ -230,7 +241,7 @@ class SqliteTaskStore:
         def read(conn: sqlite3.Connection) -> TaskRecord | None:
             row = conn.execute(f"SELECT {_COLUMNS} FROM tasks WHERE task_id = ? AND principal = ? AND {_UNEXPIRED_SQL}",
                                (task_id, principal, now_ms)).fetchone()
-            return None if row is None else _record(row)
+            return None if row is None else _record_by_id(row, task_id, principal)
 
         return await self._run(read)
 
@@ -240,7 +251,7 @@ class SqliteTaskStore:
         def read(conn: sqlite3.Connection) -> TaskRecord | None:
             row = conn.execute(f"SELECT {_COLUMNS} FROM tasks WHERE task_id = ? AND {_UNEXPIRED_SQL}",
                                (task_id, now_ms)).fetchone()
-            return None if row is None else _record(row)
+            return None if row is None else _record_by_id(row, task_id, None)
 
         return await self._run(read)
 
@@ -266,7 +277,7 @@ class SqliteTaskStore:
             if status in TERMINAL:
                 conn.execute("DELETE FROM mailbox WHERE task_id = ?", (task_id,))
             row = conn.execute(f"SELECT {_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
-            return _record(row)
+            return _record_by_id(row, task_id, None)
 
         return await self._run(body, write=True)
 
@@ -278,21 +289,34 @@ class SqliteTaskStore:
 
     async def _page(self, where: str, args: tuple[Any, ...], cursor: str | None,
                     limit: int) -> Page:
-        """Keyset pagination on (created_at_ms, task_id), newest first; payload columns are not read."""
+        """Keyset pagination on (created_at_ms, task_id), newest first; payload columns are not read.
+        Corrupt rows are skipped (logged once): reading goes on past them, from their raw key, until
+        the page is full, so the cursor is always a good record's."""
         if limit < 1:
             raise ValueError("limit must be >= 1")
-        after = decode_cursor(cursor) if cursor is not None else None
+        after: tuple[Any, ...] | None = decode_cursor(cursor) if cursor is not None else None
         now_ms = self._clock_ms()
-        sql = f"SELECT {_HEAD_COLUMNS} FROM tasks WHERE {where}{_UNEXPIRED_SQL}"
-        params: list[Any] = [*args, now_ms]
-        if after is not None:
-            sql += " AND (created_at_ms, task_id) < (?, ?)"
-            params += list(after)
-        sql += " ORDER BY created_at_ms DESC, task_id DESC LIMIT ?"
-        params.append(limit + 1)
+        head = f"SELECT {_HEAD_COLUMNS} FROM tasks WHERE {where}{_UNEXPIRED_SQL}"
+        order = " ORDER BY created_at_ms DESC, task_id DESC LIMIT ?"
 
         def read(conn: sqlite3.Connection) -> list[TaskRecord]:
-            return [_record(row) for row in conn.execute(sql, params)]
+            found: list[TaskRecord] = []
+            key = after
+            while True:
+                want = limit + 1 - len(found)
+                if key is None:
+                    rows = conn.execute(head + order, (*args, now_ms, want)).fetchall()
+                else:
+                    rows = conn.execute(head + " AND (created_at_ms, task_id) < (?, ?)" + order,
+                                        (*args, now_ms, *key, want)).fetchall()
+                for row in rows:
+                    try:
+                        found.append(_record(row))
+                    except CorruptTaskRecord as exc:
+                        report_corrupt(str(row[0]), str(exc))
+                if len(rows) < want or len(found) > limit:
+                    return found
+                key = (rows[-1][6], rows[-1][0])
 
         rows = await self._run(read)
         page = rows[:limit]
@@ -367,10 +391,11 @@ class SqliteTaskStore:
 
         condemned: list[tuple[str, bool]] = []  # (owner, judged by its heartbeat)
         for owner, beat in await self._run(owners):
-            verdict = owner_alive(owner) if owner_alive is not None else None
+            # Read back, so of any type: an owner not text is judged by its heartbeat, one not a number is stale.
+            verdict = owner_alive(owner) if owner_alive is not None and type(owner) is str else None
             if verdict is False:
                 condemned.append((owner, False))
-            elif verdict is None and (beat is None or beat < stale_before):
+            elif verdict is None and (type(beat) is not int or beat < stale_before):
                 condemned.append((owner, True))
         message, error = orphan_error(reason)
 
@@ -379,7 +404,7 @@ class SqliteTaskStore:
             for owner, by_heartbeat in condemned:
                 if by_heartbeat:  # a heartbeat may have arrived since it was read: judge again under the lock
                     row = conn.execute("SELECT heartbeat_ms FROM owners WHERE owner = ?", (owner,)).fetchone()
-                    if row is not None and row[0] >= stale_before:
+                    if row is not None and type(row[0]) is int and row[0] >= stale_before:
                         continue
                 ids = [r[0] for r in conn.execute(f"SELECT task_id FROM tasks WHERE owner = ? AND {_LIVE_SQL}",
                                                   (owner,))]

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any
 
 import msgspec
@@ -25,6 +26,8 @@ STATUSES = ("working", "input_required", "completed", "failed", "cancelled")
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 _enc = msgspec.json.Encoder()
+#: ``{}`` with whitespace inside (a stored result is checked to be one JSON object, not compact).
+_EMPTY_OBJECT = re.compile(rb"\{[ \t\r\n]*\}")
 
 
 class TaskView(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,7 +105,7 @@ def with_related_task(result: bytes, task_id: str) -> bytes:
     """A result object with ``_meta`` related-task added (2025-11-25 ``tasks/result``)."""
     meta = b'"_meta":{"' + RELATED_TASK.encode() + b'":{"taskId":' + _enc.encode(task_id) + b"}}"
     inner = result.strip()
-    if inner == b"{}":
+    if _EMPTY_OBJECT.fullmatch(inner):
         return b"{" + meta + b"}"
     if b'"_meta":' in inner:
         obj = msgspec.json.decode(inner)
