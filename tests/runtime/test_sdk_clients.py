@@ -74,7 +74,7 @@ async def all_tool_names(client: Client) -> tuple[list[str], int]:
 
 
 PROBE_TOOLS = {"echo", "pid", "crash", "garbage", "big", "slow", "chatty", "fail", "noisy", "add", "deep"}
-DEADLINE_TOOLS = {"sleepy", "escape", "escape_quietly", "quick"}
+DEADLINE_TOOLS = {"sleepy", "escape", "escape_quietly", "quick", "flood_channel"}
 def _conformance_tool_names() -> set[str]:
     """The bundled conformance plugin's tools, as its own module registers them (imported here, in
     the test process: it is our fixture, not untrusted code)."""
