@@ -18,7 +18,10 @@ up in one of two ways:
   times out in the tool, whose outcome nobody hears).
 * **run again**: otherwise (the daemon restarted, another daemon took the retry, parking was full
   or expired), the tool runs again from the start and each of its questions is answered from the
-  answers the client gave, in order, by key. A stateless deployment therefore works.
+  answers the client gave, in order, by key. A stateless deployment therefore works. A parked call
+  whose question already timed out in the tool (it went on, and may still be running) is no longer
+  waiting for these answers: it is stopped and the tool runs again the same way (the answers go
+  only to the round they answer, never to a later question).
 
 Missing answers give another ``input_required``; answers of the wrong shape, and tampered, foreign
 or expired state, are JSON-RPC errors (-32602). Keys the call did not ask are ignored.
@@ -109,6 +112,8 @@ class Parking:
         self.calls = calls
         self.max_parked = max_parked
         self.parked: dict[str, RunningCall] = {}
+        #: The round of questions each parked call waits on (its answers go to that round only).
+        self.rounds: dict[str, wire.Ask] = {}
         self._per_plugin: dict[str, int] = {}
 
     @staticmethod
@@ -116,22 +121,28 @@ class Parking:
         """A new park id (unguessable: it rides in the client's state, sealed)."""
         return secrets.token_urlsafe(12)
 
-    def park(self, running: RunningCall, park_id: str) -> bool:
-        """Hold ``running`` under ``park_id`` for its retry; False when there is no room."""
+    def park(self, running: RunningCall, park_id: str, ask: wire.Ask | None = None) -> bool:
+        """Hold ``running`` under ``park_id`` for its retry (waiting on the round ``ask``); False when
+        there is no room."""
         entry = running.call.entry
         plugin = entry.plugin
         if len(self.parked) >= self.max_parked or self._per_plugin.get(plugin, 0) >= entry.runner.limits.max_parked:
             return False
         self.parked[park_id] = running
+        if ask is not None:
+            self.rounds[park_id] = ask
         self._per_plugin[plugin] = self._per_plugin.get(plugin, 0) + 1
         running.owner = self
         return True
 
-    def take(self, park_id: str) -> RunningCall | None:
+    def take(self, park_id: str) -> tuple[RunningCall, wire.Ask | None] | None:
+        """The call parked under ``park_id`` and the round it waits on; None if it is not parked."""
         running = self.parked.pop(park_id, None)
-        if running is not None:
-            self._unpark(running)
-        return running
+        ask = self.rounds.pop(park_id, None)
+        if running is None:
+            return None
+        self._unpark(running)
+        return running, ask
 
     def _unpark(self, running: RunningCall) -> None:
         plugin = running.call.entry.plugin
@@ -150,6 +161,7 @@ class Parking:
         for park_id, parked in list(self.parked.items()):
             if parked is running:
                 del self.parked[park_id]
+                self.rounds.pop(park_id, None)
                 self._unpark(running)
                 log("parked_call_ended", tool=running.call.entry.name, note="a retry runs the tool again")
 
@@ -188,7 +200,7 @@ class Mrtr:
             else:
                 still_open.append(request)
         if not still_open:
-            self.calls.answer(call, running.handle, answered)
+            self.calls.answer(call, running.handle, answered, to=ask)
             return
         running.partial = answered
         running.open = still_open
@@ -199,7 +211,7 @@ class Mrtr:
             self._refuse(conn, running, f"Invalid params: {exc}")
             return
         conn.release(running)
-        if not self.parking.park(running, park_id):
+        if not self.parking.park(running, park_id, ask):
             # No room to hold it: stop it now; the retry runs the tool again from the start (the state
             # names a park that is not there).
             self.calls.cancel(call, running.handle, running.principal)
@@ -251,11 +263,12 @@ class Mrtr:
             given = {**state.answers, **given}
             if state.daemon == self.instance:
                 park_id = state.park
-        running = self.parking.take(park_id) if park_id else None
-        if running is None:
+        taken = self.parking.take(park_id) if park_id else None
+        if taken is None:
             self.stats["rerun"] += 1
             conn.start(call, sink, given)
             return None
+        running, ask = taken
         # Resume the parked call: the new request answers for it from now on.
         running.call, running.sink, running.given = _resumed_call(running.call, call), sink, given
         conn.adopt(running)
@@ -282,11 +295,20 @@ class Mrtr:
                 self._refuse(conn, running, f"Invalid params: {exc}")
                 return None
             conn.release(running)
-            if not self.parking.park(running, new_park):
+            if not self.parking.park(running, new_park, ask):
                 self.calls.cancel(running.call, running.handle, running.principal)
             return self.core.input_required(running.call, missing, sealed), None
         running.partial = running.open = None
-        self.calls.answer(running.call, running.handle, responses)
+        if self.calls.answer(running.call, running.handle, responses, to=ask):
+            return None
+        # It no longer waits on that round (the question timed out in the tool, which went on): these
+        # answers are not for whatever it does now. Stop it; the tool runs again with the answers given.
+        conn.release(running)
+        self.calls.cancel(running.call, running.handle, running.principal)
+        self.stats["resumed"] -= 1
+        self.stats["rerun"] += 1
+        log("parked_call_rerun", tool=call.entry.name, note="its question timed out before the retry; the tool runs again")
+        conn.start(call, sink, given)
         return None
 
 

@@ -10,7 +10,9 @@ How this works:
   ``task_after_ms`` the call starts inline and becomes a task only if it is still running then
   (``promote_later``); questions it asks before that are asked inline.
 * A ``TaskRun`` turns what its call does into store transitions: a question round makes the task
-  ``input_required`` (its open requests stored as ``inputRequests``), the outcome makes it
+  ``input_required`` (its open requests stored as ``inputRequests``; answers go to that round only,
+  and once it times out in the tool, after ``limits.ask_timeout_s``, the task is ``working`` again
+  and its requests are gone, so a late answer lands nowhere), the outcome makes it
   ``completed`` or ``failed`` (2026-07-28: a tool's ``isError`` result is ``completed``; 2025-11-25:
   ``failed``). Transitions are compare-and-set, so a cancelled task stays cancelled.
 * ``tasks/get``, ``tasks/list``, ``tasks/result`` read the store, scoped to the caller's principal
@@ -109,6 +111,9 @@ class TaskRun:
         #: The open round of questions: answers so far, the requests still open.
         self.partial: dict[str, wire.InputResponse] = {}
         self.open: list[wire.InputRequest] = []
+        #: The round those answer (``wire.Ask``), and the wait that ends it at ``ask_timeout_s``.
+        self.round: wire.Ask | None = None
+        self._expiry: trio.CancelScope | None = None
         #: 2025-11-25: requests waiting in ``tasks/result`` (their streams carry the questions).
         self.result_waiters: list[tuple[TaskConversation, Sink]] = []
         #: 2025-11-25: where ``notifications/tasks/status`` go (the connection that created the task).
@@ -137,18 +142,45 @@ class TaskRun:
             else:
                 still_open.append(request)
         if not still_open:
-            self._answer(list(answered.values()))
+            self._answer(list(answered.values()), ask)
             return
         async with self.lock:
-            self.partial, self.open = answered, still_open
+            self._end_round()
+            self.partial, self.open, self.round = answered, still_open, ask
+            self._expiry = trio.CancelScope()
+            self.manager.nursery.start_soon(self.manager.guarded, self._expire(ask, self._expiry), self.task_id)
             await self.manager.transition(self, "input_required", input_requests=_input_requests(still_open))
         for conn, sink in list(self.result_waiters):
             self.relay(conn, sink)
 
-    def _answer(self, responses: list[wire.InputResponse]) -> None:
+    def _answer(self, responses: list[wire.InputResponse], to: wire.Ask | None) -> bool:
+        """Answer the round ``to`` (False: the call no longer waits on it; nothing is sent)."""
         running = self.running
-        if running is not None:
-            self.manager.calls.answer(running.call, running.handle, responses)
+        if running is None or to is None:
+            return False
+        return self.manager.calls.answer(running.call, running.handle, responses, to=to)
+
+    def _end_round(self) -> None:
+        """Forget the open round (answered, timed out, or the call ended)."""
+        self.partial, self.open, self.round = {}, [], None
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    async def _expire(self, ask: wire.Ask, scope: trio.CancelScope) -> None:
+        """The pool answers the tool "timeout" ``ask_timeout_s`` after it asked (it goes on): then this
+        round is over here too: the task is ``working`` and lists no requests, so an answer that comes
+        later is ignored rather than taken for a later round."""
+        with scope:
+            await trio.sleep(self.call.entry.runner.limits.ask_timeout_s)
+        if scope.cancel_called:
+            return
+        async with self.lock:
+            if self.round is not ask or self.finished.is_set():
+                return
+            self._expiry = None
+            self._end_round()
+            await self.manager.transition(self, "working", input_requests=None)
 
     def relay(self, conn: TaskConversation, sink: Sink) -> None:
         """2025-11-25: ask the open questions on ``sink``, the stream of a ``tasks/result`` waiting on
@@ -177,10 +209,10 @@ class TaskRun:
                 self.open = remaining
                 await self.manager.transition(self, "input_required", input_requests=_input_requests(remaining))
                 return
-            responses = list(self.partial.values())
-            self.partial, self.open = {}, []
+            responses, ask = list(self.partial.values()), self.round
+            self._end_round()
             if await self.manager.transition(self, "working", input_requests=None) is not None:
-                self._answer(responses)
+                self._answer(responses, ask)
 
     # -- the end -------------------------------------------------------------------------------
 
@@ -192,7 +224,7 @@ class TaskRun:
             if bug is not None:
                 log("plugin_bug", level="error", tool=call.entry.name, plugin=call.entry.plugin, problem=bug)
             async with self.lock:
-                self.open = []
+                self._end_round()
                 if error is not None:
                     await manager.transition(self, "failed", error=_error_object(error),
                                              status_message=error.message[:500], input_requests=None)
@@ -217,6 +249,7 @@ class TaskRun:
         """Stop the call (the task was cancelled)."""
         running = self.running
         if running is not None and not self.finished.is_set():
+            self._end_round()
             self.manager.calls.cancel(running.call, running.handle, self.principal or None)
             self.finished.set()
             self.manager.running.pop(self.task_id, None)

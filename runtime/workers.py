@@ -10,7 +10,10 @@ How this works:
   split across the idle workers in one write each instead of one write per call. Otherwise it
   waits in the pool's bounded FIFO queue (full queue -> ``PoolBusy``). When a worker finishes everything it was given, it takes
   up to ``BATCH_MAX`` queued calls in one write: under saturation one wake-up of the worker and one
-  syscall on each side serve many calls; with spare workers nothing waits.
+  syscall on each side serve many calls; with spare workers nothing waits. If the call heading such a
+  batch asks its client something (it may wait up to ``ask_timeout_s``), the calls behind it, not
+  started, are taken back (``_take_back``: a ``CancelCall`` each, answered unrun to a stub) and go to
+  the front of the pool's queue, so a slow question never holds up a fast call.
 * Each worker has one reader task that matches ``Result`` frames to the calls in order and relays
   progress/log frames. The calling task waits on its slot.
 * A call's deadline starts when the call starts running (it heads its worker's queue), as a cancel
@@ -745,7 +748,7 @@ class WorkerPool:
                     elif (kind is wire.Progress or kind is wire.Log) and head is not None and msg.id == head.call.id:
                         self._relay(head, msg, len(raw_frame))
                     elif kind is wire.Ask and head is not None and msg.id == head.call.id and head.asking is None:
-                        self._ask(head, msg)
+                        self._ask(head, msg, worker)
                     else:
                         raise WorkerFailure("garbage", "the worker sent an unexpected frame")
                 if worker.dead:
@@ -776,14 +779,21 @@ class WorkerPool:
             if not worker.dead:
                 self._fail_worker(worker, WorkerFailure("garbage", "the daemon could not handle what the worker sent"))
 
-    def _ask(self, slot: Slot, msg: wire.Ask) -> None:
+    def _ask(self, slot: Slot, msg: wire.Ask, worker: Worker | None = None) -> None:
         """The running call asks its client something: stop its deadline, hand the round to whoever
-        relays it (``on_event``), who answers with ``answer``; ``ask_timeout_s`` bounds the wait."""
+        relays it (``on_event``), who answers with ``answer``; ``ask_timeout_s`` bounds the wait.
+        Calls batched behind it on its worker are taken back first (``_take_back``)."""
         worker_frames.check_ask(msg)
         slot.asks += len(msg.requests)
         limits = self.limits
         if slot.asks > limits.max_asks:
             raise WorkerFailure("asks", f"asked its client more than {limits.max_asks} questions (limits.max_asks)")
+        if worker is None:
+            worker = self._owner(slot)
+        if worker is not None and len(worker.pending) > 1:
+            self._take_back(worker)
+            if worker.dead:
+                return
         now = trio.current_time()
         slot.run_left_s = max(0.0, slot.deadline - now)
         slot.asking = msg
@@ -794,6 +804,46 @@ class WorkerPool:
             self.answer(slot, [], "cancelled", "the call is being cancelled")
             return
         slot.on_event(msg)
+
+    def _take_back(self, worker: Worker) -> None:
+        """``worker``'s running call asked its client something and may wait for the answer for up to
+        ``ask_timeout_s``: the calls batched behind it, which have not started (a worker runs one call at
+        a time, in order), must not wait with it while another worker could run them.
+
+        Each goes back to the front of the pool's queue (in order, its deadline unset: it starts when
+        the call is dispatched again) and the worker is sent a ``CancelCall`` for it, before anything
+        else (an ``Answer``) can reach it, so the worker answers it, unrun, in its turn: in its place in
+        ``worker.pending`` stays an abandoned stub (same call id, no callbacks) that takes that result.
+        The slot itself is requeued, not a copy, so the handle its owner holds (``withdraw``,
+        ``answer``) still names it. A stub counts in ``in_flight`` until its result arrives, like a
+        withdrawn call batched on a worker. Never run twice: the worker drops the call; never
+        answered twice: the stub, not the slot, takes the worker's "cancelled"."""
+        if self.closed or worker.dead:
+            return
+        pending = worker.pending
+        frames: list[bytes] = []
+        back: list[Slot] = []
+        for i in range(1, len(pending)):
+            slot = pending[i]
+            if slot.abandoned or slot.finished:
+                continue  # withdrawn (its CancelCall already sent) or a stub of an earlier round
+            pending[i] = Slot(slot.call, b"", abandoned=True)
+            self.in_flight += 1
+            frames.append(wire.encode_frame(wire.CancelCall(slot.call.id)))
+            slot.deadline = float("inf")
+            back.append(slot)
+        if not back:
+            return
+        if not worker.write(b"".join(frames)):
+            # Nothing of it can have reached the worker: ``_fail_worker`` requeues the rest anyway
+            # (the stubs are completed there); the slots taken back go first.
+            self.queue.extendleft(reversed(back))
+            self._fail_worker(worker, WorkerFailure("crashed", "the worker process exited unexpectedly"))
+            return
+        self.queue.extendleft(reversed(back))
+        log("calls_taken_back", plugin=self.name, pid=worker.pid, count=len(back),
+            note="the worker's call asked its client; the calls batched behind it run elsewhere")
+        self._dispatch_to_idle()
 
     def answer(self, slot: Slot, responses: list[wire.InputResponse], missing: str = "error",
                why: str = "the client gave no answer", to: wire.Ask | None = None) -> bool:
