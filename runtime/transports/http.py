@@ -286,11 +286,13 @@ class HttpApp:
         self._now = now = self._clock()
         if rate is not None:
             # A batch costs a token per message: one POST must not run more calls than the limit allows.
-            count = len(env) if isinstance(env, list) else 1
-            if count > rate.capacity:
-                return self._refuse(r, InvalidRequest(
-                    f"Invalid Request: a batch of {count} messages is more than principal {principal.name}'s "
-                    f"rate limit allows at once ({rate.capacity:g}); send fewer at a time"), None, modern=False)
+            count = 1
+            if isinstance(env, list):
+                count = len(env)
+                if count > rate.capacity:
+                    return self._refuse(r, InvalidRequest(
+                        f"Invalid Request: a batch of {count} messages is more than principal {principal.name}'s "
+                        f"rate limit allows at once ({rate.capacity:g}); send fewer at a time"), None, modern=False)
             wait = self.limiter.take(("principal", principal.name), rate, now, count)
             if wait > 0:
                 self.rate_limited["principal"] += 1
