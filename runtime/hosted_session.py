@@ -677,19 +677,17 @@ class Instance:
 
     def log_capped(self, event: str, **fields: Any) -> None:
         """One warning of ours about this instance, counted against its log budget (``MAX_LOGGED``)."""
-        if self.logged >= MAX_LOGGED:
-            return
-        self.logged += max(LOG_LINE_COST, len(_encode(fields)))
-        log(event, level="warning", plugin=self.runner.name, pid=self.server_pid, **fields)
-        if self.logged >= MAX_LOGGED:
-            log("hosted_server_output_capped", level="warning", plugin=self.runner.name, cap_bytes=MAX_LOGGED)
+        self._budgeted(event, max(LOG_LINE_COST, len(_encode(fields))), fields)
 
     def _log_stray(self, event: str, data: bytes, why: str) -> None:
+        """What the server wrote that belongs to no call, counted by its size against the same budget."""
+        self._budgeted(event, len(data), {"why": why, "data": data[:2000].decode("utf-8", "replace")})
+
+    def _budgeted(self, event: str, cost: int, fields: dict[str, Any]) -> None:
         if self.logged >= MAX_LOGGED:
             return
-        self.logged += len(data)
-        log(event, level="warning", plugin=self.runner.name, pid=self.server_pid, why=why,
-            data=data[:2000].decode("utf-8", "replace"))
+        self.logged += cost
+        log(event, level="warning", plugin=self.runner.name, pid=self.server_pid, **fields)
         if self.logged >= MAX_LOGGED:
             log("hosted_server_output_capped", level="warning", plugin=self.runner.name, cap_bytes=MAX_LOGGED)
 

@@ -90,6 +90,15 @@ def _host_name(value: str) -> str:
     return value.rsplit(":", 1)[0] if ":" in value else value
 
 
+def _count_off(counts: dict[str, int], name: str) -> None:
+    """One fewer for ``name`` (a principal's share of requests or streams); none left: no entry."""
+    left = counts[name] - 1
+    if left:
+        counts[name] = left
+    else:
+        del counts[name]
+
+
 class HttpApp:
     """The ASGI application. One per daemon; it may be served on several listeners."""
 
@@ -265,11 +274,7 @@ class HttpApp:
             await self._message(r, headers, principal, body, can_json, can_sse, receive)
         finally:
             self.active -= 1
-            left = self.active_by[name] - 1
-            if left:
-                self.active_by[name] = left
-            else:
-                del self.active_by[name]
+            _count_off(self.active_by, name)
 
     def _message(self, r: Responder, headers: RequestHeaders, principal: Principal, body: bytes,
                  can_json: bool, can_sse: bool, receive: Receive) -> Awaitable[None]:
@@ -428,11 +433,7 @@ class HttpApp:
 
     def _stream_closed(self, name: str) -> None:
         self.streams -= 1
-        left = self.streams_by[name] - 1
-        if left:
-            self.streams_by[name] = left
-        else:
-            del self.streams_by[name]
+        _count_off(self.streams_by, name)
 
     # -- legacy (2025-03-26 … 2025-11-25) ------------------------------------------------------
 
