@@ -7,7 +7,7 @@ Everything here talks raw ASGI (``scope``/``receive``/``send``); hypercorn does 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -21,10 +21,11 @@ JSON = b"application/json"
 SSE = b"text/event-stream"
 SSE_HEADERS: Headers = [(b"content-type", SSE), (b"cache-control", b"no-cache, no-transform"),
                         (b"x-accel-buffering", b"no")]
-_WANTED = frozenset({b"host", b"origin", b"authorization", b"accept", b"content-type", b"content-length",
+#: The request headers the transport reads (``RequestHeaders`` keeps these, and ``Mcp-Param-*``).
+WANTED_HEADERS = frozenset({b"host", b"origin", b"authorization", b"accept", b"content-type", b"content-length",
                      b"mcp-session-id", b"mcp-protocol-version", b"mcp-method", b"mcp-name",
                      b"access-control-request-headers", b"last-event-id"})
-_PARAM_PREFIX = b"mcp-param-"
+PARAM_PREFIX = b"mcp-param-"
 
 
 class RequestHeaders(dict[bytes, bytes]):
@@ -32,24 +33,42 @@ class RequestHeaders(dict[bytes, bytes]):
     dict's own); repeated ones are joined with ``,``. ``params``: the ``Mcp-Param-*`` headers by
     suffix. ``size``: the bytes the head took, for the header cap.
 
-    Built in one pass over the header lines, once a request's head is complete. toolcell's HTTP/1.1
-    server passes the names it already lower-cased and the size it already counted."""
+    Built in one pass over the header lines (``raw``). toolcell's HTTP/1.1 server starts one empty
+    and fills it as the parser hands it each header (``h1._Connection.on_header``), then sets ``size``."""
 
     __slots__ = ("params", "size")
 
-    def __init__(self, raw: Sequence[tuple[bytes, bytes]] = (), lowered: bool = False, size: int | None = None) -> None:
+    def __init__(self, raw: Sequence[tuple[bytes, bytes]] = ()) -> None:
         super().__init__()
         params: dict[bytes, bytes] = {}
-        for name, value in raw:
-            if not lowered:
-                name = name.lower()
-            if name in _WANTED:
-                self[name] = self[name] + b"," + value if name in self else value
-            elif name.startswith(_PARAM_PREFIX):
-                key = name[len(_PARAM_PREFIX):]
-                params[key] = params[key] + b"," + value if key in params else value
         self.params = params
-        self.size = size if size is not None else sum(len(name) + len(value) + 4 for name, value in raw)
+        self.size = 0
+        for name, value in raw:
+            name = name.lower()
+            self.size += len(name) + len(value) + 4
+            if name in WANTED_HEADERS:
+                self[name] = self[name] + b"," + value if name in self else value
+            elif name.startswith(PARAM_PREFIX):
+                key = name[len(PARAM_PREFIX):]
+                params[key] = params[key] + b"," + value if key in params else value
+
+
+class Exchange(Protocol):
+    """One request as a server hands it to an app directly (toolcell's HTTP/1.1 server does, to
+    ``HttpApp.serve_exchange``): what the ASGI scope and the ``toolcell.*`` extensions carry, as
+    fields, with the ASGI ``receive``/``send`` pair for bodies that stream."""
+
+    method: str
+    path: str
+    headers: RequestHeaders
+
+    async def receive(self) -> dict[str, Any]: ...
+
+    async def send(self, message: dict[str, Any]) -> None: ...
+
+    async def respond(self, status: int, headers: Headers, body: bytes) -> None: ...
+
+    def take_body(self) -> bytes | None: ...
 
 
 def accepts(accept: bytes | None) -> tuple[bool, bool]:

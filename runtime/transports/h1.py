@@ -29,6 +29,7 @@ import email.utils
 import select
 import socket
 import time
+from time import time as _time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -41,7 +42,7 @@ import trio
 from runtime.clock import clock_reader
 from runtime.http_config import HttpConfig
 from runtime.logs import log
-from runtime.transports.asgi import RequestHeaders
+from runtime.transports.asgi import PARAM_PREFIX, WANTED_HEADERS, RequestHeaders
 
 App = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
                Awaitable[None]]
@@ -57,6 +58,10 @@ MAX_BUFFERED_BODY = 1024 * 1024
 _GONE_POLL_S = 0.5
 _NO_BODY_STATUS = frozenset({204, 304})
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+#: Each known status's line, made once (a response's head starts with one).
+_STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, reason) for code, reason in _REASONS.items()}
+#: Response headers the server itself frames (the app's are dropped or acted on, never copied).
+_FRAMING = frozenset({b"content-length", b"connection", b"transfer-encoding"})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _DISCONNECT = {"type": "http.disconnect"}
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
@@ -97,8 +102,8 @@ class _Request:
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
-        #: The headers the app reads, once the head is complete (the ``toolcell.headers`` extension).
-        self.wanted: RequestHeaders | None = None
+        #: The headers the app reads (the ``toolcell.headers`` extension), gathered as they are parsed.
+        self.wanted = RequestHeaders()
         self.size = 0
         self.method = b""
         self.keep_alive = True
@@ -170,12 +175,21 @@ class _Connection:
         req = self.parsing
         assert req is not None
         req.size += len(name) + len(value) + 4
-        if req.size > self.max_header or len(req.headers) >= MAX_HEADER_LINES:
+        headers = req.headers
+        if req.size > self.max_header or len(headers) >= MAX_HEADER_LINES:
             self._too_large()
         name = name.lower()
-        if name == b"expect" and value.strip().lower() == b"100-continue":
+        headers.append((name, value))
+        # ``RequestHeaders``' one pass, done here as each header arrives (not in a second loop).
+        if name in WANTED_HEADERS:
+            wanted = req.wanted
+            wanted[name] = wanted[name] + b"," + value if name in wanted else value
+        elif name.startswith(PARAM_PREFIX):
+            params = req.wanted.params
+            key = name[len(PARAM_PREFIX):]
+            params[key] = params[key] + b"," + value if key in params else value
+        elif name == b"expect" and value.strip().lower() == b"100-continue":
             req.expect_continue = True
-        req.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         req = self.parsing
@@ -184,7 +198,7 @@ class _Connection:
         req.method = p.get_method()
         req.keep_alive = p.should_keep_alive()
         req.upgrade = p.should_upgrade()
-        req.wanted = RequestHeaders(req.headers, lowered=True, size=req.size)
+        req.wanted.size = req.size
         req.head_done = True
         self.head_bytes = 0
         self.ready.append(req)
@@ -373,6 +387,9 @@ class _Connection:
     # -- one connection -----------------------------------------------------------------------
 
     async def _serve(self, app: App) -> None:
+        # An app that takes the exchange itself (``HttpApp.serve_exchange``) gets it with no ASGI
+        # scope built for it; any other app gets plain ASGI.
+        direct: Callable[[_Exchange], Awaitable[None]] | None = getattr(app, "serve_exchange", None)
         try:
             while True:
                 req = await self.next_request()
@@ -386,16 +403,25 @@ class _Connection:
                     return
                 exchange = _Exchange(self, req)
                 # ``_Exchange.run``, written out here: a request's awaits pass one frame fewer.
+                scope: dict[str, Any] | None = None
                 try:
-                    scope = exchange.scope()
+                    if direct is None:
+                        scope = exchange.scope()
+                    else:
+                        exchange.target()
+                    ok = True
                 except BadRequest as exc:
                     exchange.keep_alive = False
                     await exchange._try_write(_canned(exc.status, exc.message))
                     exchange.finished = True
-                    scope = None
-                if scope is not None:
+                    ok = False
+                if ok:
                     try:
-                        await app(scope, exchange.receive, exchange.send)
+                        if direct is not None:
+                            await direct(exchange)
+                        else:
+                            assert scope is not None
+                            await app(scope, exchange.receive, exchange.send)
                     except Exception as exc:  # noqa: BLE001 - the app's bug must not take the server down
                         await exchange.failed(exc)
                     if not exchange.finished or self.server.stopping:
@@ -412,7 +438,7 @@ class _Exchange:
     """One request and its response: the ASGI ``receive``/``send`` pair for the app."""
 
     __slots__ = ("conn", "delivered", "finished", "head_sent", "keep_alive", "req", "chunked", "no_body",
-                 "status", "headers")
+                 "status", "reply_headers", "method", "path", "headers")
 
     def __init__(self, conn: _Connection, req: _Request) -> None:
         self.conn = conn
@@ -424,28 +450,42 @@ class _Exchange:
         self.no_body = req.method == b"HEAD"
         self.keep_alive = req.keep_alive and not req.upgrade
         self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.reply_headers: list[tuple[bytes, bytes]] = []
+        #: The request as an app that takes the exchange itself reads it (``serve_exchange``): the
+        #: method, the decoded path (both set by ``target``) and the headers it looks at.
+        self.method = ""
+        self.path = ""
+        self.headers = req.wanted
+
+    def target(self) -> tuple[bytes, bytes]:
+        """Read the request target: sets ``method`` and ``path``; returns the raw path and the query.
+        Raises ``BadRequest`` for a target that is not one."""
+        req = self.req
+        url = req.url
+        self.method = req.method.decode("latin-1")
+        if url[:1] == b"/" and b"?" not in url and b"%" not in url and b"#" not in url:
+            self.path = url.decode("latin-1")  # the usual origin-form target
+            return url, b""
+        try:
+            parsed = httptools.parse_url(url)
+            raw_path = parsed.path or b"/"
+            query = parsed.query or b""
+        except httptools.HttpParserInvalidURLError:
+            raise BadRequest(400, "Bad Request: invalid request target") from None
+        self.path = unquote(raw_path.decode("latin-1"))
+        return raw_path, query
 
     def scope(self) -> dict[str, Any]:
+        """The ASGI scope, for an app that is only an ASGI app."""
+        raw_path, query = self.target()
         req = self.req
         conn = self.conn
-        url = req.url
-        if url[:1] == b"/" and b"?" not in url and b"%" not in url and b"#" not in url:
-            raw_path, query, path = url, b"", url.decode("latin-1")  # the usual origin-form target
-        else:
-            try:
-                parsed = httptools.parse_url(url)
-                raw_path = parsed.path or b"/"
-                query = parsed.query or b""
-            except httptools.HttpParserInvalidURLError:
-                raise BadRequest(400, "Bad Request: invalid request target") from None
-            path = unquote(raw_path.decode("latin-1"))
         # toolcell's own extensions (an ASGI app that does not know them ignores them): the headers
         # it reads, already gathered; the whole body if it has arrived; a response in one call.
         extensions = {"toolcell.headers": req.wanted, "toolcell.respond": self.respond,
                       "toolcell.take_body": self.take_body}
-        return {"type": "http", "asgi": _ASGI, "http_version": "1.1", "method": req.method.decode("latin-1"),
-                "scheme": "http", "path": path, "raw_path": raw_path, "query_string": query, "root_path": "",
+        return {"type": "http", "asgi": _ASGI, "http_version": "1.1", "method": self.method,
+                "scheme": "http", "path": self.path, "raw_path": raw_path, "query_string": query, "root_path": "",
                 "headers": req.headers, "client": conn.client, "server": conn.local, "extensions": extensions}
 
     async def failed(self, exc: Exception) -> None:
@@ -526,7 +566,7 @@ class _Exchange:
         if self.head_sent or self.status:
             raise RuntimeError("response already started")
         self.status = status
-        self.headers = headers
+        self.reply_headers = headers
         await self.conn.write(self._head(body, more=False))
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -535,8 +575,8 @@ class _Exchange:
             if self.head_sent or self.status:
                 raise RuntimeError("response already started")
             self.status = int(message["status"])
-            self.headers = message.get("headers") or []
-            if not any(name.lower() == b"content-length" for name, _ in self.headers):
+            self.reply_headers = message.get("headers") or []
+            if not any(name.lower() == b"content-length" for name, _ in self.reply_headers):
                 # A streamed response (SSE): the client must see the head now, not with the
                 # first event. With a length, the head waits to go out in one write with the body.
                 await self.conn.write(self._head(b"", more=True))
@@ -572,19 +612,23 @@ class _Exchange:
         status = self.status
         no_body = self.no_body or status in _NO_BODY_STATUS or status < 200
         has_length = False
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
-        for name, value in self.headers:
-            if b":" in name:
-                raise RuntimeError("response header name contains ':'")
+        lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        # The head's pieces; ``ends`` counts the CRLFs put in on purpose (checked below).
+        ends = 1
+        for name, value in self.reply_headers:
             lname = name.lower()
-            if lname == b"content-length":
-                has_length = True
-            elif lname == b"connection" and value.strip().lower() == b"close":
-                self.keep_alive = False
-                continue
-            elif lname == b"transfer-encoding":
-                continue
-            lines.append(b"%s: %s\r\n" % (name, value))
+            if lname in _FRAMING:
+                if lname == b"content-length":
+                    has_length = True
+                elif lname == b"transfer-encoding":
+                    continue  # ours to say (chunked or not)
+                elif value.strip().lower() == b"close":  # connection: close
+                    self.keep_alive = False
+                    continue
+            elif b":" in name:
+                raise RuntimeError("response header name contains ':'")
+            lines += (name, b": ", value, b"\r\n")
+            ends += 1
         if not has_length and not no_body:
             if more and conn.parser.get_http_version() == "1.0":
                 # RFC 9112 7.1: no Transfer-Encoding to an HTTP/1.0 client; closing ends the body. Read
@@ -594,8 +638,10 @@ class _Exchange:
             elif more:
                 self.chunked = True
                 lines.append(b"transfer-encoding: chunked\r\n")
+                ends += 1
             else:
                 lines.append(b"content-length: %d\r\n" % len(body))
+                ends += 1
         if not self.req.complete:
             # Answered before its body arrived (an early 401/413/415 ...): the rest of the body is
             # never read, so the connection cannot carry another request. Say so.
@@ -603,11 +649,16 @@ class _Exchange:
         if conn.server.stopping or not self.keep_alive:
             self.keep_alive = False
             lines.append(b"connection: close\r\n")
-        lines.append(b"date: %s\r\n\r\n" % _Date.now())
+            ends += 1
+        second = int(_time())
+        if second != _Date.second:
+            _Date.now()
+        lines += (b"date: ", _Date.value, b"\r\n\r\n")
+        ends += 2
         head = b"".join(lines)
         # Every line ends in CRLF and the head in one more: any other CR or LF came from a header
         # name or value (response splitting). One count over the head instead of a test per header.
-        if head.count(b"\n") != len(lines) + 1 or head.count(b"\r") != len(lines) + 1:
+        if head.count(b"\n") != ends or head.count(b"\r") != ends:
             raise RuntimeError("response header contains CR or LF")
         self.head_sent = True
         self.no_body = no_body

@@ -59,6 +59,7 @@ from runtime.transports import mcp_headers
 from runtime.transports.asgi import (
     BodyTooLarge,
     ClientGone,
+    Exchange,
     Headers,
     Receive,
     RequestHeaders,
@@ -118,7 +119,11 @@ class HttpApp:
         self.any_origin = "*" in self.origins
         self.sessions = SessionTable(cfg.max_sessions, cfg.session_idle_s, cfg.max_sessions_per_principal)
         self.listens: set[PushStream] = set()
-        self.limiter = RateLimiter()
+        #: Token buckets by principal name, and by tool name.
+        self.principal_limiter = RateLimiter()
+        self.tool_limiter = RateLimiter()
+        #: What each Accept value allows (JSON, SSE): a few distinct values, each parsed once.
+        self._accept_verdicts: dict[bytes | None, tuple[bool, bool]] = {}
         self.max_body = min(cfg.max_body_bytes, daemon.config.max_message_bytes)
         self.active = 0
         self.streams = 0
@@ -142,29 +147,39 @@ class HttpApp:
         kind = scope["type"]
         if kind == "http":
             ext = scope.get("extensions") or {}
-            r = Responder(send, [], ext.get("toolcell.respond"))
-            try:
-                await self._http(scope, ext, receive, r)
-            except Exception as exc:  # noqa: BLE001 - our bug: answer 500 if we still can, never kill the server
-                log("http_internal_error", level="error", error=f"{type(exc).__name__}: {exc}")
-                if not r.started:
-                    await r.body(500, rpc.error_reply(None, InternalError()))
-            status = r.status or 499  # 499: the client went away before an answer (nginx's convention)
-            self.status_counts[status] = self.status_counts.get(status, 0) + 1
+            headers = ext.get("toolcell.headers")
+            if headers is None:
+                headers = RequestHeaders(scope["headers"])
+            await self._serve(scope["method"], scope["path"], headers, receive, Responder(send, [], ext.get("toolcell.respond")),
+                              ext.get("toolcell.take_body"))
         elif kind == "lifespan":
             await lifespan(receive, send)
 
-    def _http(self, scope: dict[str, Any], ext: dict[str, Any], receive: Receive, r: Responder) -> Awaitable[None]:
+    async def serve_exchange(self, x: Exchange) -> None:
+        """toolcell's HTTP/1.1 server hands each request here directly (no ASGI scope to build and
+        read back): the same request as ``__call__`` sees, from the exchange's own fields."""
+        await self._serve(x.method, x.path, x.headers, x.receive, Responder(x.send, [], x.respond), x.take_body)
+
+    async def _serve(self, method: str, path: str, headers: RequestHeaders, receive: Receive, r: Responder,
+                     take_body: Callable[[], bytes | None] | None) -> None:
+        try:
+            await self._http(method, path, headers, receive, r, take_body)
+        except Exception as exc:  # noqa: BLE001 - our bug: answer 500 if we still can, never kill the server
+            log("http_internal_error", level="error", error=f"{type(exc).__name__}: {exc}")
+            if not r.started:
+                await r.body(500, rpc.error_reply(None, InternalError()))
+        status = r.status or 499  # 499: the client went away before an answer (nginx's convention)
+        self.status_counts[status] = self.status_counts.get(status, 0) + 1
+
+    def _http(self, method: str, path: str, headers: RequestHeaders, receive: Receive, r: Responder,
+              take_body: Callable[[], bytes | None] | None) -> Awaitable[None]:
         """What to await to answer this request: the checks every request passes are plain calls, so
-        a call's coroutine is awaited by ``__call__`` directly, not through one frame per check."""
-        method = scope["method"]
-        if scope["path"] != self.path:
-            if scope["path"] == "/healthz" and method in ("GET", "HEAD"):
+        a call's coroutine is awaited by ``_serve`` directly, not through one frame per check.
+        ``take_body``: the whole body if the server already has it (else None: read ``receive``)."""
+        if path != self.path:
+            if path == "/healthz" and method in ("GET", "HEAD"):
                 return self._healthz(r)
             return r.body(404, b"Not Found\n", b"text/plain")
-        headers = ext.get("toolcell.headers")
-        if headers is None:
-            headers = RequestHeaders(scope["headers"])
         if headers.size > self.cfg.max_header_bytes:
             # hypercorn caps only heads that arrive in pieces; this catches one that came whole.
             return self._plain_error(r, 431, "Request Header Fields Too Large", [(b"connection", b"close")])
@@ -190,7 +205,6 @@ class HttpApp:
             return self._plain_error(r, 401, "Unauthorized: a valid bearer token is required",
                                            [(b"www-authenticate", b'Bearer realm="toolcell"')])
         if method == "POST":
-            take_body = ext.get("toolcell.take_body")
             return self._post(r, headers, principal, receive, take_body() if take_body is not None else None)
         if method == "GET":
             return self._get(r, headers, principal, receive)
@@ -247,15 +261,25 @@ class HttpApp:
             return await self._refuse(r, ServerBusy(f"Service Unavailable: too many requests in progress{whose}; "
                                                     "retry later", None), None, [(b"retry-after", b"1")])
         ctype = headers.get(b"content-type")
-        if ctype is not None and ctype.split(b";", 1)[0].strip().lower() != b"application/json":
+        if ctype is not None and ctype != b"application/json" and \
+                ctype.split(b";", 1)[0].strip().lower() != b"application/json":
             return await self._plain_error(r, 415, "Unsupported Media Type: send application/json")
-        can_json, can_sse = accepts(headers.get(b"accept"))
+        accept = headers.get(b"accept")
+        verdict = self._accept_verdicts.get(accept)  # a client sends the same Accept every time
+        if verdict is None:
+            verdict = accepts(accept)
+            if len(self._accept_verdicts) < 64:
+                self._accept_verdicts[accept] = verdict
+        can_json, can_sse = verdict
         if not (can_json or can_sse):
             return await self._plain_error(r, 406, "Not Acceptable: accept application/json or text/event-stream")
-        length = headers.get(b"content-length")
-        if (length is not None and length.isdigit() and int(length) > self.max_body) or \
-                (body is not None and len(body) > self.max_body):
-            return await self._too_large(r)
+        if body is not None:
+            if len(body) > self.max_body:  # the whole body is here: its length is what counts
+                return await self._too_large(r)
+        else:
+            length = headers.get(b"content-length")
+            if length is not None and length.isdigit() and int(length) > self.max_body:
+                return await self._too_large(r)
         self.active += 1
         self.active_by[name] = held + 1
         try:
@@ -284,21 +308,24 @@ class HttpApp:
         except McpError as exc:
             return self._refuse(r, exc, modern=False)
         id_bytes = None
-        if isinstance(env, rpc.Envelope) and rpc.valid_id(env.id):
-            id_bytes = rpc.encode_id(env.id)
+        if isinstance(env, list):
+            count = len(env)  # a batch costs a token per message (below)
+        else:
+            count = 1
+            request_id = env.id
+            if type(request_id) is int or type(request_id) is str:  # rpc.valid_id, inline
+                id_bytes = rpc.encode_id(request_id)
         rate = principal.rate or self.cfg.principal_rate
         # One reading of the clock for this request's limits (a tool's limit is taken in this same tick).
         self._now = now = self._clock()
         if rate is not None:
             # A batch costs a token per message: one POST must not run more calls than the limit allows.
-            count = 1
-            if isinstance(env, list):
-                count = len(env)
+            if count > 1:
                 if count > rate.capacity:
                     return self._refuse(r, InvalidRequest(
                         f"Invalid Request: a batch of {count} messages is more than principal {principal.name}'s "
                         f"rate limit allows at once ({rate.capacity:g}); send fewer at a time"), None, modern=False)
-            wait = self.limiter.take(("principal", principal.name), rate, now, count)
+            wait = self.principal_limiter.take(principal.name, rate, now, count)
             if wait > 0:
                 self.rate_limited["principal"] += 1
                 self._audit_refused(env, principal, "rate_limited")
@@ -549,7 +576,7 @@ class HttpApp:
         rate = cfg.tool_rates.get(call.entry.name) or cfg.tool_rate
         if rate is None:
             return None
-        wait = self.limiter.take(("tool", call.entry.name), rate, self._now)
+        wait = self.tool_limiter.take(call.entry.name, rate, self._now)
         if wait <= 0:
             return None
         self.rate_limited["tool"] += 1
