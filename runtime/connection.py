@@ -224,8 +224,9 @@ class Connection:
         self.answers_closed: str | None = None
         #: Shutting down: calls, listens and batches that arrive now are refused (``ShuttingDown``).
         self.draining = False
-        self._idle = trio.Event()
-        self._idle.set()
+        #: Set when ``inflight`` empties, for ``wait_idle``; made only while someone waits (a call
+        #: starting or ending then costs no event).
+        self._idle: trio.Event | None = None
         self._batch_scopes: set[trio.CancelScope] = set()
         self._unsubscribe: Callable[[], None] | None = None
         if push is not None:
@@ -361,8 +362,6 @@ class Connection:
         running = RunningCall(call, sink, owner or self, self.principal, given=given)
         if owner is None:
             self.inflight[call.request_id] = running
-            if self._idle.is_set():
-                self._idle = trio.Event()
         running.handle = self.calls.start(call, self.principal, running.frame, running.outcome)
         if call.task_mode and owner is None and self.tasks is not None:
             self.tasks.promote_later(self, running, call.task_after_ms)
@@ -372,8 +371,6 @@ class Connection:
         """Take over a call that waited elsewhere (a parked 2026-07-28 call resumed by a retry)."""
         running.owner = self
         self.inflight[running.call.request_id] = running
-        if self._idle.is_set():
-            self._idle = trio.Event()
         if running.call.task_mode == "after" and self.tasks is not None:
             self.tasks.promote_later(self, running, running.call.task_after_ms)
 
@@ -382,7 +379,7 @@ class Connection:
         if self.inflight.get(running.call.request_id) is running:
             del self.inflight[running.call.request_id]
         if not self.inflight:
-            self._idle.set()
+            self._now_idle()
 
     # -- what a running call sends (CallOwner) -------------------------------------------------
 
@@ -413,8 +410,8 @@ class Connection:
             code = None if type(outcome) is Completed and outcome.result.is_error is False else \
                 self.core.error_code(call, outcome)
             running.sink.done(data, code)
-        if not inflight:
-            self._idle.set()
+        if not inflight and self._idle is not None:
+            self._now_idle()
 
     def answer(self, call: ToolCall, outcome: Outcome) -> bytes:
         """The bytes for a call's outcome (a plugin's invalid output is logged as its bug)."""
@@ -532,7 +529,7 @@ class Connection:
             self.calls.cancel(running.call, running.handle, self.principal)
             running.sink.cancelled()
             if not self.inflight:
-                self._idle.set()
+                self._now_idle()
             return
         entry = self.listens.pop(request_id, None)
         if entry is not None:
@@ -626,7 +623,7 @@ class Connection:
             running = self.inflight.pop(request_id)
             running.sink.done(self.answer(running.call, Stopped(reason)))
             self.calls.cancel(running.call, running.handle, self.principal)
-        self._idle.set()
+        self._now_idle()
         for request_id in list(self.listens):
             listen, sink = self.listens.pop(request_id)
             sink.done(self.core.subscription_end(listen))
@@ -645,8 +642,15 @@ class Connection:
             unsubscribe()
         self._task_unsubscribes.clear()
 
+    def _now_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
     async def wait_idle(self) -> None:
         while self.inflight:
+            if self._idle is None:
+                self._idle = trio.Event()
             await self._idle.wait()
 
     def _on_catalog_change(self) -> None:

@@ -298,7 +298,11 @@ class HttpApp:
             await self._message(r, headers, principal, body, can_json, can_sse, receive)
         finally:
             self.active -= 1
-            _count_off(self.active_by, name)
+            left = self.active_by[name] - 1  # ``_count_off``, written out: once per request
+            if left:
+                self.active_by[name] = left
+            else:
+                del self.active_by[name]
 
     def _message(self, r: Responder, headers: RequestHeaders, principal: Principal, body: bytes,
                  can_json: bool, can_sse: bool, receive: Receive) -> Awaitable[None]:

@@ -69,7 +69,10 @@ class CallBox(Waker):
     __slots__ = ("final", "final_code", "is_cancelled", "overflow", "pending", "stream")
 
     def __init__(self, stream: bool) -> None:
-        super().__init__()
+        # ``Waker.__init__``, written out: one box per call.
+        self.scope: trio.CancelScope | None = None
+        self.task: trio.lowlevel.Task | None = None
+        self.woken = False
         self.pending: list[bytes] = []
         self.final: bytes | None = None
         #: The final answer is a JSON-RPC error with this code (its HTTP status follows it).
