@@ -64,6 +64,10 @@ _STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, reason) for code, reason i
 _FRAMING = frozenset({b"content-length", b"connection", b"transfer-encoding"})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _DISCONNECT = {"type": "http.disconnect"}
+#: Method names as the app reads them (``str``), for the methods llhttp knows best.
+_METHOD_NAMES = {m.encode(): m for m in ("GET", "POST", "DELETE", "OPTIONS", "HEAD", "PUT", "PATCH")}
+#: Origin-form request targets with nothing to decode (no query, escape or fragment) and their path.
+_PLAIN_PATHS: dict[bytes, str] = {}
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 
 
@@ -96,24 +100,28 @@ class BadRequest(Exception):
 
 
 class _Request:
-    __slots__ = ("body", "body_size", "complete", "continue_sent", "expect_continue", "head_done", "headers",
-                 "keep_alive", "method", "size", "upgrade", "url", "wanted")
+    """One request as it is parsed. The fields most requests never change are class defaults (set
+    on the instance only when they do): one of these is made per request."""
 
-    def __init__(self) -> None:
-        self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
+    url = b""
+    #: Request line and header bytes so far, and header lines so far (both capped).
+    size = 0
+    lines = 0
+    method = b""
+    keep_alive = True
+    expect_continue = False
+    upgrade = False
+    head_done = False
+    body_size = 0
+    complete = False
+    continue_sent = False
+
+    def __init__(self, keep_raw: bool) -> None:
+        #: Every header line as (lower-case name, value), for an ASGI app's scope (only then).
+        self.headers: list[tuple[bytes, bytes]] | None = [] if keep_raw else None
         #: The headers the app reads (the ``toolcell.headers`` extension), gathered as they are parsed.
         self.wanted = RequestHeaders()
-        self.size = 0
-        self.method = b""
-        self.keep_alive = True
-        self.expect_continue = False
-        self.upgrade = False
-        self.head_done = False
         self.body: deque[bytes] = deque()
-        self.body_size = 0
-        self.complete = False
-        self.continue_sent = False
 
     def take_buffered(self) -> bytes:
         """The body bytes parsed so far, in one piece; the buffer is left empty. The caller first
@@ -136,6 +144,8 @@ class _Connection:
         self.local = local
         self.max_header = server.cfg.max_header_bytes
         self.parser = httptools.HttpRequestParser(self)
+        #: Keep every header line for the app's ASGI scope: not for an app that takes the exchange.
+        self.keep_raw = not hasattr(server.app, "serve_exchange")
         self.parsing: _Request | None = None  # the request whose bytes the parser is reading
         self.ready: deque[_Request] = deque()  # requests whose head is complete, oldest first
         self.error: BadRequest | None = None
@@ -156,7 +166,7 @@ class _Connection:
     # -- parser callbacks (llhttp calls these from feed_data) ---------------------------------
 
     def on_message_begin(self) -> None:
-        self.parsing = _Request()
+        self.parsing = _Request(self.keep_raw)
 
     def on_url(self, url: bytes) -> None:
         req = self.parsing
@@ -175,11 +185,12 @@ class _Connection:
         req = self.parsing
         assert req is not None
         req.size += len(name) + len(value) + 4
-        headers = req.headers
-        if req.size > self.max_header or len(headers) >= MAX_HEADER_LINES:
+        req.lines += 1
+        if req.size > self.max_header or req.lines > MAX_HEADER_LINES:
             self._too_large()
         name = name.lower()
-        headers.append((name, value))
+        if req.headers is not None:
+            req.headers.append((name, value))
         # ``RequestHeaders``' one pass, done here as each header arrives (not in a second loop).
         if name in WANTED_HEADERS:
             wanted = req.wanted
@@ -435,26 +446,25 @@ class _Connection:
 
 
 class _Exchange:
-    """One request and its response: the ASGI ``receive``/``send`` pair for the app."""
+    """One request and its response: the ASGI ``receive``/``send`` pair for the app. The fields a
+    response usually leaves as they are are class defaults (one exchange is made per request)."""
 
-    __slots__ = ("conn", "delivered", "finished", "head_sent", "keep_alive", "req", "chunked", "no_body",
-                 "status", "reply_headers", "method", "path", "headers")
+    delivered = False  # the whole body was handed to the app
+    head_sent = False
+    finished = False
+    chunked = False
+    status = 0
+    reply_headers: list[tuple[bytes, bytes]] | tuple[()] = ()
+    #: The request as an app that takes the exchange itself reads it (``serve_exchange``): the
+    #: method and the decoded path (both set by ``target``), and the headers it looks at.
+    method = ""
+    path = ""
 
     def __init__(self, conn: _Connection, req: _Request) -> None:
         self.conn = conn
         self.req = req
-        self.delivered = False  # the whole body was handed to the app
-        self.head_sent = False
-        self.finished = False
-        self.chunked = False
         self.no_body = req.method == b"HEAD"
         self.keep_alive = req.keep_alive and not req.upgrade
-        self.status = 0
-        self.reply_headers: list[tuple[bytes, bytes]] = []
-        #: The request as an app that takes the exchange itself reads it (``serve_exchange``): the
-        #: method, the decoded path (both set by ``target``) and the headers it looks at.
-        self.method = ""
-        self.path = ""
         self.headers = req.wanted
 
     def target(self) -> tuple[bytes, bytes]:
@@ -462,9 +472,16 @@ class _Exchange:
         Raises ``BadRequest`` for a target that is not one."""
         req = self.req
         url = req.url
-        self.method = req.method.decode("latin-1")
+        method = req.method
+        self.method = _METHOD_NAMES.get(method) or method.decode("latin-1")
+        path = _PLAIN_PATHS.get(url)
+        if path is not None:
+            self.path = path
+            return url, b""
         if url[:1] == b"/" and b"?" not in url and b"%" not in url and b"#" not in url:
             self.path = url.decode("latin-1")  # the usual origin-form target
+            if len(_PLAIN_PATHS) < 64:  # the few a server sees, each decoded once
+                _PLAIN_PATHS[url] = self.path
             return url, b""
         try:
             parsed = httptools.parse_url(url)
@@ -486,7 +503,7 @@ class _Exchange:
                       "toolcell.take_body": self.take_body}
         return {"type": "http", "asgi": _ASGI, "http_version": "1.1", "method": self.method,
                 "scheme": "http", "path": self.path, "raw_path": raw_path, "query_string": query, "root_path": "",
-                "headers": req.headers, "client": conn.client, "server": conn.local, "extensions": extensions}
+                "headers": req.headers or [], "client": conn.client, "server": conn.local, "extensions": extensions}
 
     async def failed(self, exc: Exception) -> None:
         """The app raised: log it, answer 500 if nothing was sent yet, and close after."""
