@@ -402,47 +402,49 @@ class _Connection:
         # scope built for it; any other app gets plain ASGI.
         direct: Callable[[_Exchange], Awaitable[None]] | None = getattr(app, "serve_exchange", None)
         try:
-            while True:
-                req = await self.next_request()
-                if req is None:
-                    if self.error is not None and not self.closed:
-                        with trio.move_on_after(1):
-                            try:
-                                await self.write(_canned(self.error.status, self.error.message))
-                            except OSError:
-                                pass
-                    return
-                exchange = _Exchange(self, req)
-                # ``_Exchange.run``, written out here: a request's awaits pass one frame fewer.
-                scope: dict[str, Any] | None = None
-                try:
-                    if direct is None:
-                        scope = exchange.scope()
-                    else:
-                        exchange.target()
-                    ok = True
-                except BadRequest as exc:
-                    exchange.keep_alive = False
-                    await exchange._try_write(_canned(exc.status, exc.message))
-                    exchange.finished = True
-                    ok = False
-                if ok:
+            with self.scope:  # the server's sweeper cancels it (keep-alive timeout, stop)
+                while True:
+                    req = await self.next_request()
+                    if req is None:
+                        if self.error is not None and not self.closed:
+                            with trio.move_on_after(1):
+                                try:
+                                    await self.write(_canned(self.error.status, self.error.message))
+                                except OSError:
+                                    pass
+                        return
+                    exchange = _Exchange(self, req)
+                    # ``_Exchange.run``, written out here: a request's awaits pass one frame fewer.
+                    scope: dict[str, Any] | None = None
                     try:
-                        if direct is not None:
-                            await direct(exchange)
+                        if direct is None:
+                            scope = exchange.scope()
                         else:
-                            assert scope is not None
-                            await app(scope, exchange.receive, exchange.send)
-                    except Exception as exc:  # noqa: BLE001 - the app's bug must not take the server down
-                        await exchange.failed(exc)
-                    if not exchange.finished or self.server.stopping:
-                        exchange.keep_alive = False  # a response cut short: the client must not reuse it
-                self.ready.popleft()
-                self.buffered -= req.body_size  # a body the app did not take goes with its request
-                if not exchange.reusable():
-                    return
+                            exchange.target()
+                        ok = True
+                    except BadRequest as exc:
+                        exchange.keep_alive = False
+                        await exchange._try_write(_canned(exc.status, exc.message))
+                        exchange.finished = True
+                        ok = False
+                    if ok:
+                        try:
+                            if direct is not None:
+                                await direct(exchange)
+                            else:
+                                assert scope is not None
+                                await app(scope, exchange.receive, exchange.send)
+                        except Exception as exc:  # noqa: BLE001 - the app's bug must not take the server down
+                            await exchange.failed(exc)
+                        if not exchange.finished or self.server.stopping:
+                            exchange.keep_alive = False  # a response cut short: the client must not reuse it
+                    self.ready.popleft()
+                    self.buffered -= req.body_size  # a body the app did not take goes with its request
+                    if not exchange.reusable():
+                        return
         finally:
             self.close()
+            self.server._left(self)
 
 
 class _Exchange:
@@ -748,14 +750,15 @@ class H1Server:
             except OSError:
                 pass
 
-    async def _serve_connection(self, conn: _Connection) -> None:
-        try:
-            with conn.scope:
-                await conn._serve(self.app)
-        finally:
-            self.connections.discard(conn)
-            if not self.connections:
-                self._all_closed.set()
+    def _serve_connection(self, conn: _Connection) -> Awaitable[None]:
+        # The connection's own coroutine is the task (one frame fewer per wake); it leaves the
+        # server's set itself (``_Connection._left``).
+        return conn._serve(self.app)
+
+    def _left(self, conn: _Connection) -> None:
+        self.connections.discard(conn)
+        if not self.connections:
+            self._all_closed.set()
 
     async def serve(self, sockets: list[socket.socket], shutdown_trigger: Callable[[], Awaitable[None]],
                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
