@@ -60,6 +60,8 @@ _NO_BODY_STATUS = frozenset({204, 304})
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 #: Each known status's line, made once (a response's head starts with one).
 _STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, reason) for code, reason in _REASONS.items()}
+#: The start of a ``respond_json`` head, up to its content-length value.
+_JSON_200_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
 #: Response headers the server itself frames (the app's are dropped or acted on, never copied).
 _FRAMING = frozenset({b"content-length", b"connection", b"transfer-encoding"})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -587,6 +589,27 @@ class _Exchange:
         self.status = status
         self.reply_headers = headers
         await self.conn.write(self._head(body, more=False))
+
+    def respond_json(self, body: bytes) -> Awaitable[None]:
+        """``200 OK`` with a JSON body and no other header of the app's: what most answers are, its
+        head made from constants (``_head``'s rules, with no header of the app's to check)."""
+        if self.head_sent or self.status:
+            raise RuntimeError("response already started")
+        self.status = 200
+        if self.no_body:  # HEAD: the general path leaves the body out
+            self.reply_headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+            return self.conn.write(self._head(body, more=False))
+        conn = self.conn
+        if not self.req.complete or conn.server.stopping or not self.keep_alive:
+            self.keep_alive = False
+            closing = b"connection: close\r\n"
+        else:
+            closing = b""
+        if int(_time()) != _Date.second:
+            _Date.now()
+        self.head_sent = True
+        self.finished = True
+        return conn.write(b"%s%d\r\n%sdate: %s\r\n\r\n%s" % (_JSON_200_HEAD, len(body), closing, _Date.value, body))
 
     async def send(self, message: dict[str, Any]) -> None:
         kind = message["type"]

@@ -159,7 +159,8 @@ class HttpApp:
         """toolcell's HTTP/1.1 server hands each request here directly (no ASGI scope to build and
         read back): the same request as ``__call__`` sees, from the exchange's own fields. (Not a
         coroutine itself: what it returns is awaited by the server, one frame fewer per wake.)"""
-        return self._serve(x.method, x.path, x.headers, x.receive, Responder(x.send, [], x.respond), x.take_body)
+        return self._serve(x.method, x.path, x.headers, x.receive, Responder(x.send, [], x.respond, x.respond_json),
+                           x.take_body)
 
     async def _serve(self, method: str, path: str, headers: RequestHeaders, receive: Receive, r: Responder,
                      take_body: Callable[[], bytes | None] | None) -> None:
