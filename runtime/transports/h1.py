@@ -51,6 +51,11 @@ READ_SIZE = 64 * 1024
 MAX_HEADER_LINES = 256
 #: Pipelined requests parsed ahead of the one being answered before reading stops.
 MAX_PIPELINED = 16
+#: Requests one connection may have parsed and not yet answered. Reading stops at
+#: ``MAX_PIPELINED``, but one read (``READ_SIZE``) of tiny requests holds thousands: past this many
+#: the rest of that read is refused (503 after the ones already parsed, then close) instead of
+#: becoming thousands of request objects.
+MAX_PARSED = 64
 #: Request body bytes one connection buffers ahead of the app (across every request parsed and not
 #: yet handed over) before reading stops; it may pass this by at most one read (``READ_SIZE``).
 MAX_BUFFERED_BODY = 1024 * 1024
@@ -168,6 +173,10 @@ class _Connection:
     # -- parser callbacks (llhttp calls these from feed_data) ---------------------------------
 
     def on_message_begin(self) -> None:
+        if len(self.ready) >= MAX_PARSED:
+            # llhttp wraps a callback's exception in its own error; remember ours first.
+            self.error = BadRequest(503, f"Service Unavailable: more than {MAX_PARSED} pipelined requests at once")
+            raise self.error
         self.parsing = _Request(self.keep_raw)
 
     def on_url(self, url: bytes) -> None:

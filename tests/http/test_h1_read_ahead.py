@@ -9,6 +9,7 @@ resets its socket is still noticed, without reading (or spinning on) the request
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -189,3 +190,45 @@ async def test_a_client_gone_after_read_ahead_paused_cancels_the_slow_call(how: 
         with trio.fail_after(10):
             await app.disconnected.wait()
         assert not app.release.is_set()
+
+
+async def test_one_read_of_thousands_of_tiny_pipelined_requests_is_cut_at_max_parsed() -> None:
+    """One read of tiny pipelined requests used to become one request object each (about 3,600 in
+    64 KiB, before any app ran). Past ``MAX_PARSED`` parsed and unanswered, the rest of the read is
+    refused: the requests already parsed are answered in order, then a 503, then the connection closes."""
+    tiny = b"GET /ignore HTTP/1.1\r\nHost: x\r\n\r\n"
+    async with running() as (port, _app, server):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(tiny * (60_000 // len(tiny)))
+            data = b""
+            with trio.fail_after(20):
+                while True:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                    conns = list(server.connections)
+                    if conns:
+                        assert len(conns[0].ready) <= h1.MAX_PARSED
+        statuses = [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", data)]
+        assert statuses[-1] == 503 and b"pipelined requests at once" in data
+        assert statuses[:-1] == [200] * len(statuses[:-1]) and h1.MAX_PARSED <= len(statuses) - 1 < 3 * h1.MAX_PARSED
+
+
+async def test_pipelined_requests_up_to_max_parsed_in_one_write_are_all_answered() -> None:
+    tiny = b"GET /ignore HTTP/1.1\r\nHost: x\r\n\r\n"
+    async with running() as (port, _app, _server):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(tiny * (h1.MAX_PARSED - 1))
+            data = b""
+            with trio.fail_after(20):
+                while data.count(b"HTTP/1.1 200 ") < h1.MAX_PARSED - 1:
+                    chunk = await stream.receive_some(65536)
+                    assert chunk, "closed before every request was answered"
+                    data += chunk
+            await stream.send_all(tiny)  # and the connection is still good
+            with trio.fail_after(5):
+                while data.count(b"HTTP/1.1 200 ") < h1.MAX_PARSED:
+                    data += await stream.receive_some(65536)
