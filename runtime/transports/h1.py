@@ -502,6 +502,11 @@ class _Exchange:
             query = parsed.query or b""
         except httptools.HttpParserInvalidURLError:
             raise BadRequest(400, "Bad Request: invalid request target") from None
+        if parsed.host:
+            # An absolute-form target (``POST http://host/mcp``): RFC 9112 3.2.2 has an origin server
+            # use its authority and ignore the Host header, so the app's Host check reads that.
+            host = b"[" + parsed.host + b"]" if b":" in parsed.host else parsed.host
+            req.wanted[b"host"] = host if parsed.port is None else b"%s:%d" % (host, parsed.port)
         self.path = unquote(raw_path.decode("latin-1"))
         return raw_path, query
 

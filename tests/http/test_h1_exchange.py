@@ -48,7 +48,8 @@ class DirectApp:
         again = x.take_body()
         out = {"method": x.method, "path": x.path, "body": None if body is None else body.decode(),
                "again": again is not None, "session": (x.headers.get(b"mcp-session-id") or b"").decode(),
-               "region": (x.headers.params.get(b"region") or b"").decode(), "size": x.headers.size}
+               "region": (x.headers.params.get(b"region") or b"").decode(), "size": x.headers.size,
+               "host": (x.headers.get(b"host") or b"").decode()}
         await x.respond_json(json.dumps(out).encode())
 
 
@@ -178,3 +179,16 @@ def test_a_response_already_started_cannot_be_answered_again() -> None:
         assert "already started" in str(exc)
     else:
         raise AssertionError("a second answer was accepted")
+
+
+async def test_an_absolute_form_target_s_authority_is_the_host_the_app_checks() -> None:
+    """RFC 9112 3.2.2: with ``POST http://authority/path`` an origin server uses that authority and
+    ignores the Host header; the app's Host check (DNS rebinding) must read the same."""
+    async with serving() as (port, _, _), connected(port) as c:
+        await c.send(b"POST http://evil.example:8080/mcp?x=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}")
+        seen = json.loads((await c.response())[2])
+        assert seen["host"] == "evil.example:8080" and seen["path"] == "/mcp"
+        await c.send(b"GET http://[::1]:9/x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert json.loads((await c.response())[2])["host"] == "[::1]:9"
+        await c.send(b"GET /origin-form HTTP/1.1\r\nHost: 127.0.0.1:5\r\n\r\n")
+        assert json.loads((await c.response())[2])["host"] == "127.0.0.1:5"

@@ -245,3 +245,30 @@ def test_every_refused_tool_call_gets_exactly_one_audit_line_with_its_outcome(
         assert len(matching) == 1, (tool, outcome, new)
     slow_lines = [rec for rec in new if rec["principal"] == "slow"]
     assert len(slow_lines) == 6 and any(rec["outcome"] == "rate_limited" for rec in slow_lines)
+
+
+def test_an_absolute_form_target_with_a_foreign_authority_is_refused_whatever_the_host_header(
+        locked_server: ServerProcess) -> None:
+    """RFC 9112 3.2.2: with ``POST http://authority/mcp`` the authority is the host; a matching Host
+    header must not let a foreign authority through (nor a foreign Host header a local one)."""
+    port = int(locked_server.url.split(":")[2].split("/")[0])
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).encode()
+
+    def status_for(target: str, host: str) -> int:
+        head = (f"POST {target} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {FULL}\r\n"
+                f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(head + body)
+            data = b""
+            while b"\r\n" not in data:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        return int(data.split(b" ")[1])
+
+    assert status_for("http://evil.example.com/mcp", f"localhost:{port}") == 403
+    assert status_for(f"http://localhost:{port}/mcp", "evil.example.com") == 200
+    assert status_for("/mcp", f"localhost:{port}") == 200
