@@ -108,7 +108,7 @@ class App:
 
 
 class Server:
-    def __init__(self, port: int, app: App, stop: trio.Event, server: H1Server) -> None:
+    def __init__(self, port: int, app: Any, stop: trio.Event, server: H1Server) -> None:
         self.port = port
         self.app = app
         self.stop = stop
@@ -116,9 +116,10 @@ class Server:
 
 
 @asynccontextmanager
-async def running(**cfg: Any) -> AsyncIterator[Server]:
+async def running(app: Any = None, **cfg: Any) -> AsyncIterator[Server]:
+    """A server on a free port serving ``app`` (by default the echo ``App`` above)."""
     config = HttpConfig(**cfg)
-    app = App()
+    app = App() if app is None else app
     server = H1Server(app, config)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

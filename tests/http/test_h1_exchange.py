@@ -11,18 +11,13 @@ the body out, a bad target or an app's exception never taking the server down.
 from __future__ import annotations
 
 import json
-import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
-from test_h1 import Client, client, post
+from test_h1 import client, post, running
 
-from runtime.http_config import HttpConfig
 from runtime.transports import h1
 from runtime.transports.asgi import Exchange
-from runtime.transports.h1 import H1Server
 
 
 class DirectApp:
@@ -53,36 +48,9 @@ class DirectApp:
         await x.respond_json(json.dumps(out).encode())
 
 
-@asynccontextmanager
-async def serving(**cfg: Any) -> AsyncIterator[tuple[int, DirectApp, trio.Event]]:
-    app = DirectApp()
-    server = H1Server(app, HttpConfig(**cfg))
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.setblocking(False)
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve, [sock], stop.wait)
-        try:
-            yield sock.getsockname()[1], app, stop
-        finally:
-            stop.set()
-
-
-@asynccontextmanager
-async def connected(port: int) -> AsyncIterator[Client]:
-    class _Srv:
-        pass
-
-    srv = _Srv()
-    srv.port = port  # type: ignore[attr-defined]
-    async with client(srv) as c:  # type: ignore[arg-type]
-        yield c
-
-
 async def test_the_exchange_carries_the_request_and_respond_json_keeps_the_connection() -> None:
-    async with serving() as (port, app, _), connected(port) as c:
+    async with running(DirectApp()) as srv, client(srv) as c:
+        app = srv.app
         await c.send(post(b"/mcp", b'{"a":1}', b"Mcp-Session-Id: s1", b"MCP-Param-Region: eu",
                           b"Mcp-Param-Region: us", b"X-Other: 1"))
         status, headers, body = await c.response()
@@ -106,18 +74,18 @@ async def test_the_exchange_carries_the_request_and_respond_json_keeps_the_conne
 
 
 async def test_respond_json_closes_when_the_client_asked_or_the_body_was_not_read() -> None:
-    async with serving() as (port, _, _stop):
-        async with connected(port) as c:
+    async with running(DirectApp()) as srv:
+        async with client(srv) as c:
             await c.send(post(b"/mcp", b"{}", b"Connection: close"))
             status, headers, _ = await c.response()
             assert status == 200 and headers[b"connection"] == b"close"
             assert await c.closed()
-        async with connected(port) as c:
+        async with client(srv) as c:
             await c.send(b"POST /mcp HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}")
             status, headers, _ = await c.response()
             assert status == 200 and headers[b"connection"] == b"close"
             assert await c.closed()
-        async with connected(port) as c:
+        async with client(srv) as c:
             # Answered before its body arrived: the rest of it is never read, so the connection ends.
             await c.send(b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nxx")
             status, headers, body = await c.response()
@@ -126,7 +94,7 @@ async def test_respond_json_closes_when_the_client_asked_or_the_body_was_not_rea
 
 
 async def test_respond_json_to_head_sends_the_head_only() -> None:
-    async with serving() as (port, _, _), connected(port) as c:
+    async with running(DirectApp()) as srv, client(srv) as c:
         await c.send(b"HEAD /mcp HTTP/1.1\r\nHost: x\r\n\r\n")
         status, headers, body = await c.response(is_head=True)
         assert status == 200 and body == b"" and int(headers[b"content-length"]) > 0
@@ -138,7 +106,8 @@ async def test_respond_json_to_head_sends_the_head_only() -> None:
 
 
 async def test_respond_json_during_a_graceful_stop_says_close() -> None:
-    async with serving(shutdown_grace_s=5) as (port, app, stop), connected(port) as c:
+    async with running(DirectApp(), shutdown_grace_s=5) as srv, client(srv) as c:
+        app, stop = srv.app, srv.stop
         await c.send(post(b"/slow", b"{}"))
         with trio.fail_after(5):
             await app.started.wait()
@@ -151,17 +120,18 @@ async def test_respond_json_during_a_graceful_stop_says_close() -> None:
 
 
 async def test_a_bad_target_and_an_app_that_raises_fail_only_their_request() -> None:
-    async with serving() as (port, app, _):
-        async with connected(port) as c:
+    async with running(DirectApp()) as srv:
+        app = srv.app
+        async with client(srv) as c:
             await c.send(b"GET http://[::1 HTTP/1.1\r\nHost: x\r\n\r\n")
             status, headers, _ = await c.response()
             assert status == 400 and headers[b"connection"] == b"close"
         assert app.seen == []  # the app never saw it
-        async with connected(port) as c:
+        async with client(srv) as c:
             await c.send(post(b"/raise", b""))
             status, headers, _ = await c.response()
             assert status == 500 and headers[b"connection"] == b"close"
-        async with connected(port) as c:  # and the server goes on
+        async with client(srv) as c:  # and the server goes on
             await c.send(post(b"/mcp", b"{}"))
             assert (await c.response())[0] == 200
 
@@ -184,7 +154,7 @@ def test_a_response_already_started_cannot_be_answered_again() -> None:
 async def test_an_absolute_form_target_s_authority_is_the_host_the_app_checks() -> None:
     """RFC 9112 3.2.2: with ``POST http://authority/path`` an origin server uses that authority and
     ignores the Host header; the app's Host check (DNS rebinding) must read the same."""
-    async with serving() as (port, _, _), connected(port) as c:
+    async with running(DirectApp()) as srv, client(srv) as c:
         await c.send(b"POST http://evil.example:8080/mcp?x=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}")
         seen = json.loads((await c.response())[2])
         assert seen["host"] == "evil.example:8080" and seen["path"] == "/mcp"
