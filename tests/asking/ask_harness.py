@@ -109,6 +109,14 @@ def result_text(message: dict[str, Any]) -> str:
     return " ".join(c.get("text", "") for c in result["content"] if c.get("type") == "text")
 
 
+def starts_marker(tmp_path: Path) -> Path:
+    """An empty file a sandboxed tool may append its starts to (``starts`` reads them back)."""
+    marker = tmp_path / "starts"
+    marker.touch()
+    marker.chmod(0o666)  # the sandboxed worker may run as another user
+    return marker
+
+
 def starts(marker: Path) -> list[int]:
     """The pids that started a tool which records its starts in ``marker`` (one line each)."""
     try:

@@ -8,7 +8,6 @@ order, to a stub) and run on another worker, once each; their deadlines start th
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from fake_workers import fake_worker
 from stdio_peer import open_toolcell, text_of
 
 from sandbox import wire
@@ -95,43 +95,6 @@ async def test_calls_batched_behind_an_asking_call_run_on_another_worker(
 
 # -- the pool's side, with fake workers -----------------------------------------------------------------
 
-_SOCKETS: list[socket.socket] = []
-
-
-class _Proc:
-    def __init__(self) -> None:
-        self.pid = 2 ** 22 + 12346  # never signalled: kill_tree is replaced
-        self.returncode = None
-
-
-@pytest.fixture(autouse=True)
-def _close_sockets() -> Any:
-    yield
-    while _SOCKETS:
-        _SOCKETS.pop().close()
-
-
-@pytest.fixture
-def no_kills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    import runtime.workers as workers
-
-    killed: list[int] = []
-    monkeypatch.setattr(workers, "kill_tree", killed.append)
-    monkeypatch.setattr(workers, "sweep_orphans", lambda: None)
-    return killed
-
-
-def _fake_worker(pool: Any, tmp_path: Path) -> tuple[Any, Any]:
-    from runtime.workers import Worker
-
-    ours, theirs = socket.socketpair()
-    _SOCKETS.extend((ours, theirs))
-    ours.setblocking(False)
-    worker = Worker(_Proc(), ours, str(tmp_path), 1 << 20)  # type: ignore[arg-type]
-    pool.workers.add(worker)
-    return worker, trio.socket.from_stdlib_socket(theirs)
-
-
 async def _frames(sock: Any, buf: bytearray, count: int) -> list[Any]:
     out: list[Any] = []
     while len(out) < count:
@@ -161,8 +124,8 @@ async def test_the_pool_takes_back_batched_calls_and_the_stubs_take_the_cancelle
     async with trio.open_nursery() as nursery:
         pool = WorkerPool(PoolSpec(Manifest(name="fake", version="1", entry="fake", limits=limits),
                                    str(tmp_path), "none", str(tmp_path)), nursery)
-        busy, busy_sock = _fake_worker(pool, tmp_path)
-        other, other_sock = _fake_worker(pool, tmp_path)
+        busy, busy_sock = fake_worker(pool, tmp_path)
+        other, other_sock = fake_worker(pool, tmp_path)
         nursery.start_soon(pool._watchdog)
         nursery.start_soon(pool._read_loop, busy)
         nursery.start_soon(pool._read_loop, other)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import trio
-from ask_harness import ALL_CAPS, NAME, modern_http, poll_until, result_text, serve_http, starts
+from ask_harness import ALL_CAPS, NAME, modern_http, poll_until, result_text, serve_http, starts, starts_marker
 
 PLUGIN = r'''
 import os
@@ -41,9 +41,7 @@ async def test_a_retry_after_the_question_timed_out_runs_the_tool_again_with_its
         make_plugin: Callable[..., Path], tmp_path: Path) -> None:
     plugins = make_plugin("p", PLUGIN, limits={"timeout_s": 20, "ask_timeout_s": 1, "max_parked": 2,
                                                "max_concurrency": 2})
-    marker = tmp_path / "starts"
-    marker.touch()
-    marker.chmod(0o666)
+    marker = starts_marker(tmp_path)
     args = {"marker": str(marker)}
     async with serve_http(plugins, tmp_path / "state", state_key_file=str(tmp_path / "k")) as srv, \
             modern_http(srv.url) as c:
@@ -68,9 +66,7 @@ async def test_a_retry_after_the_question_timed_out_runs_the_tool_again_with_its
 
 async def test_a_retry_in_time_still_resumes_the_parked_call(make_plugin: Callable[..., Path], tmp_path: Path) -> None:
     plugins = make_plugin("p", PLUGIN, limits={"timeout_s": 20, "ask_timeout_s": 30, "max_parked": 2})
-    marker = tmp_path / "starts"
-    marker.touch()
-    marker.chmod(0o666)
+    marker = starts_marker(tmp_path)
     args = {"marker": str(marker)}
     async with serve_http(plugins, tmp_path / "state", state_key_file=str(tmp_path / "k")) as srv, \
             modern_http(srv.url) as c:

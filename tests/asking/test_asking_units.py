@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 
-from collections.abc import Iterator
 
 import base64
-import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,8 @@ import msgspec
 import pytest
 import trio
 import trio.testing
+
+from fake_workers import fake_worker
 
 from runtime.mrtr import load_state_key
 from runtime.protocol import eras
@@ -409,53 +409,22 @@ def test_what_cannot_be_asked_is_a_type_error() -> None:
 # -- the pool's ask deadline, on trio's virtual clock ------------------------------------------------
 
 
-class _Proc:
-    def __init__(self) -> None:
-        self.pid = 2 ** 22 + 12345  # never signalled: kill_tree is replaced below
-        self.returncode = None
-
-
-@pytest.fixture
-def no_kills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    import runtime.workers as workers
-
-    killed: list[int] = []
-    monkeypatch.setattr(workers, "kill_tree", killed.append)
-    monkeypatch.setattr(workers, "sweep_orphans", lambda: None)
-    return killed
-
-
-#: The socketpairs of the fake workers, closed after each test (warnings are errors).
-_SOCKETS: list[socket.socket] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_fake_worker_sockets() -> Iterator[None]:
-    yield
-    while _SOCKETS:
-        _SOCKETS.pop().close()
-
-
 async def _pool_with_one_call(nursery: trio.Nursery, tmp_path: Path, limits: wire.Limits) -> tuple[Any, Any, Any]:
     """A pool whose one (fake) worker runs one call; returns (pool, slot, the worker's end of the socket)."""
     from runtime.manifest import Manifest
     from runtime.processes import PoolSpec
-    from runtime.workers import Worker, WorkerPool
+    from runtime.workers import WorkerPool
 
     manifest = Manifest(name="fake", version="1", entry="fake", limits=limits)
     pool = WorkerPool(PoolSpec(manifest, str(tmp_path), "none", str(tmp_path)), nursery)
-    ours, theirs = socket.socketpair()
-    _SOCKETS.extend((ours, theirs))
-    ours.setblocking(False)
-    worker = Worker(_Proc(), ours, str(tmp_path), 1 << 20)  # type: ignore[arg-type]
-    pool.workers.add(worker)
+    worker, theirs = fake_worker(pool, tmp_path)
     events: list[Any] = []
     slot = pool.new_slot("t", {}, False, -1, events.append, lambda s: None)
     pool.in_flight += 1
     pool._dispatch(worker, [slot])
     nursery.start_soon(pool._watchdog)
     await trio.testing.wait_all_tasks_blocked()  # the watchdog sleeps until the running call's deadline
-    return pool, slot, trio.socket.from_stdlib_socket(theirs)
+    return pool, slot, theirs
 
 
 async def _next_frame(sock: Any, buf: bytearray) -> Any:
