@@ -29,7 +29,6 @@ import email.utils
 import select
 import socket
 import time
-from time import time as _time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -152,7 +151,7 @@ class _Connection:
         self.max_header = server.cfg.max_header_bytes
         self.parser = httptools.HttpRequestParser(self)
         #: Keep every header line for the app's ASGI scope: not for an app that takes the exchange.
-        self.keep_raw = not hasattr(server.app, "serve_exchange")
+        self.keep_raw = server.direct is None
         self.parsing: _Request | None = None  # the request whose bytes the parser is reading
         self.ready: deque[_Request] = deque()  # requests whose head is complete, oldest first
         self.error: BadRequest | None = None
@@ -409,9 +408,7 @@ class _Connection:
     # -- one connection -----------------------------------------------------------------------
 
     async def _serve(self, app: App) -> None:
-        # An app that takes the exchange itself (``HttpApp.serve_exchange``) gets it with no ASGI
-        # scope built for it; any other app gets plain ASGI.
-        direct: Callable[[_Exchange], Awaitable[None]] | None = getattr(app, "serve_exchange", None)
+        direct = self.server.direct
         try:
             with self.scope:  # the server's sweeper cancels it (keep-alive timeout, stop)
                 while True:
@@ -613,17 +610,19 @@ class _Exchange:
         if self.no_body:  # HEAD: the general path leaves the body out
             self.reply_headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
             return self.conn.write(self._head(body, more=False))
-        conn = self.conn
-        if not self.req.complete or conn.server.stopping or not self.keep_alive:
-            self.keep_alive = False
-            closing = b"connection: close\r\n"
-        else:
-            closing = b""
-        if int(_time()) != _Date.second:
-            _Date.now()
+        closing = b"connection: close\r\n" if self._closes() else b""
         self.head_sent = True
         self.finished = True
-        return conn.write(b"%s%d\r\n%sdate: %s\r\n\r\n%s" % (_JSON_200_HEAD, len(body), closing, _Date.value, body))
+        return self.conn.write(b"%s%d\r\n%sdate: %s\r\n\r\n%s" % (_JSON_200_HEAD, len(body), closing, _Date.now(), body))
+
+    def _closes(self) -> bool:
+        """Whether this response ends the connection (then it says ``Connection: close``)."""
+        # Answered before its body arrived (an early 401/413/415 ...): the rest of the body is never
+        # read, so the connection cannot carry another request. A stop closes every connection.
+        if not self.req.complete or self.conn.server.stopping or not self.keep_alive:
+            self.keep_alive = False
+            return True
+        return False
 
     async def send(self, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -698,18 +697,10 @@ class _Exchange:
             else:
                 lines.append(b"content-length: %d\r\n" % len(body))
                 ends += 1
-        if not self.req.complete:
-            # Answered before its body arrived (an early 401/413/415 ...): the rest of the body is
-            # never read, so the connection cannot carry another request. Say so.
-            self.keep_alive = False
-        if conn.server.stopping or not self.keep_alive:
-            self.keep_alive = False
+        if self._closes():
             lines.append(b"connection: close\r\n")
             ends += 1
-        second = int(_time())
-        if second != _Date.second:
-            _Date.now()
-        lines += (b"date: ", _Date.value, b"\r\n\r\n")
+        lines += (b"date: ", _Date.now(), b"\r\n\r\n")
         ends += 2
         head = b"".join(lines)
         # Every line ends in CRLF and the head in one more: any other CR or LF came from a header
@@ -734,6 +725,9 @@ class H1Server:
 
     def __init__(self, app: App, cfg: HttpConfig) -> None:
         self.app = app
+        #: An app that takes the exchange itself (``HttpApp.serve_exchange``) gets it with no ASGI
+        #: scope built for it (nor raw header lines kept); any other app gets plain ASGI.
+        self.direct: Callable[[_Exchange], Awaitable[None]] | None = getattr(app, "serve_exchange", None)
         self.cfg = cfg
         self.connections: set[_Connection] = set()
         #: Set when the last connection closes (shutdown waits on it, within its grace).
