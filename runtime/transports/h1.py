@@ -204,11 +204,20 @@ class _Connection:
         # ``RequestHeaders``' one pass, done here as each header arrives (not in a second loop).
         if name in WANTED_HEADERS:
             wanted = req.wanted
-            wanted[name] = wanted[name] + b"," + value if name in wanted else value
+            if name in wanted:
+                wanted.repeated(name)
+                wanted[name] = wanted[name] + b"," + value
+            else:
+                wanted[name] = value
         elif name.startswith(PARAM_PREFIX):
-            params = req.wanted.params
+            wanted = req.wanted
+            params = wanted.params
             key = name[len(PARAM_PREFIX):]
-            params[key] = params[key] + b"," + value if key in params else value
+            if key in params:
+                wanted.repeated(name)
+                params[key] = params[key] + b"," + value
+            else:
+                params[key] = value
         elif name == b"expect" and value.strip().lower() == b"100-continue":
             req.expect_continue = True
 

@@ -91,6 +91,15 @@ def _host_name(value: str) -> str:
     return value.rsplit(":", 1)[0] if ":" in value else value
 
 
+def _header_title(name: bytes) -> str:
+    """A lower-case header name as its specification writes it (``mcp-session-id`` -> ``Mcp-Session-Id``)."""
+    text = name.decode("latin-1")
+    return _HEADER_TITLES.get(text) or "-".join(part.capitalize() for part in text.split("-"))
+
+
+_HEADER_TITLES = {"mcp-protocol-version": "MCP-Protocol-Version", "last-event-id": "Last-Event-ID"}
+
+
 def _count_off(counts: dict[str, int], name: str) -> None:
     """One fewer for ``name`` (a principal's share of requests or streams); none left: no entry."""
     left = counts[name] - 1
@@ -178,6 +187,11 @@ class HttpApp:
         """What to await to answer this request: the checks every request passes are plain calls, so
         a call's coroutine is awaited by ``_serve`` directly, not through one frame per check.
         ``take_body``: the whole body if the server already has it (else None: read ``receive``)."""
+        if headers.duplicate is not None:
+            # RFC 9112 3.2 (Host), and the same for every header a decision here reads: which of two
+            # values would count is exactly what an attacker would like to choose.
+            return self._plain_error(r, 400, f"Bad Request: the {_header_title(headers.duplicate)} header "
+                                     "appears more than once; send it once", [(b"connection", b"close")])
         if path != self.path:
             if path == "/healthz" and method in ("GET", "HEAD"):
                 return self._healthz(r)

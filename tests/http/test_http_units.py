@@ -102,7 +102,17 @@ def test_request_headers_collect_what_the_transport_reads() -> None:
     assert h.get(b"host") == b"localhost:1"
     assert h.params == {b"region": b"eu"}
     assert h.get(b"mcp-name") == b"a,b"  # repeated: joined, so it cannot match one body value
+    assert h.duplicate == b"mcp-name"  # and remembered: the app refuses the request with 400
     assert h.size > 0
+
+
+def test_only_list_headers_may_repeat_and_a_repeated_mcp_param_is_a_duplicate() -> None:
+    listed = RequestHeaders([(b"accept", b"application/json"), (b"Accept", b"text/event-stream"),
+                             (b"access-control-request-headers", b"a"), (b"access-control-request-headers", b"b"),
+                             (b"x-other", b"1"), (b"x-other", b"2")])
+    assert listed.duplicate is None and listed.get(b"accept") == b"application/json,text/event-stream"
+    param = RequestHeaders([(b"mcp-param-region", b"eu"), (b"Mcp-Param-Region", b"us")])
+    assert param.duplicate == b"mcp-param-region"
 
 
 @pytest.mark.parametrize("accept, expected", [

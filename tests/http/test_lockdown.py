@@ -272,3 +272,88 @@ def test_an_absolute_form_target_with_a_foreign_authority_is_refused_whatever_th
     assert status_for("http://evil.example.com/mcp", f"localhost:{port}") == 403
     assert status_for(f"http://localhost:{port}/mcp", "evil.example.com") == 200
     assert status_for("/mcp", f"localhost:{port}") == 200
+
+
+def _exchange(server: ServerProcess, request: bytes) -> tuple[int, bytes]:
+    """Send one whole request (with ``Connection: close``); the status and the whole response."""
+    port = int(server.url.split(":")[2].split("/")[0])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    return int(data.split(b" ")[1]), data
+
+
+def _routed_request(port: int, extra: list[tuple[str, str]], drop: str = "") -> bytes:
+    """A valid 2026-07-28 ``tools/call`` of ``a_routed`` (its region mirrored in Mcp-Param-Region),
+    with ``extra`` header lines added after the regular ones (``drop``: one regular header left out)."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "a_routed", "arguments": {"region": "eu"},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {}}}}).encode()
+    headers = [("Host", f"127.0.0.1:{port}"), ("Origin", "https://app.example.com"),
+               ("Authorization", f"Bearer {FULL}"), ("Content-Type", "application/json"),
+               ("Accept", "application/json, text/event-stream"), ("MCP-Protocol-Version", "2026-07-28"),
+               ("Mcp-Method", "tools/call"), ("Mcp-Name", "a_routed"), ("Mcp-Param-Region", "eu"),
+               ("Content-Length", str(len(body))), ("Connection", "close")]
+    lines = [f"{k}: {v}" for k, v in headers if k != drop] + [f"{k}: {v}" for k, v in extra]
+    return ("POST /mcp HTTP/1.1\r\n" + "\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+#: Every request header the daemon reads to decide something, with a second value that conflicts.
+SINGLE_HEADERS = [
+    ("Host", "evil.example"),
+    ("Origin", "https://evil.example"),
+    ("Authorization", f"Bearer {TOKENS['alpha']}"),
+    ("Content-Type", "text/plain"),
+    ("MCP-Protocol-Version", "2025-11-25"),
+    ("Mcp-Method", "tools/list"),
+    ("Mcp-Name", "b_secret"),
+    ("Mcp-Param-Region", "us"),
+    ("Mcp-Session-Id", "a"),
+    ("Last-Event-ID", "7"),
+]
+
+
+@pytest.mark.parametrize(("name", "other"), SINGLE_HEADERS, ids=[n for n, _ in SINGLE_HEADERS])
+@pytest.mark.parametrize("same", [False, True], ids=["conflicting", "repeated"])
+def test_a_header_a_decision_reads_sent_twice_gets_400_never_first_wins(
+        locked_server: ServerProcess, name: str, other: str, same: bool) -> None:
+    """RFC 9112 3.2 for Host, and the same rule for every header that must appear once: the second
+    line is the attacker's choice of which value counts, so neither does."""
+    port = int(locked_server.url.split(":")[2].split("/")[0])
+    assert _exchange(locked_server, _routed_request(port, []))[0] == 200  # the request is good alone
+    base = _routed_request(port, [])
+    first = next((line.split(b": ", 1)[1].decode() for line in base.split(b"\r\n")
+                  if line.lower().startswith(name.lower().encode() + b": ")), "first-" + other)
+    # The regular value first, then a conflicting one (or the same value again: still two values).
+    request = _routed_request(port, [(name, first), (name, first if same else other)], drop=name)
+    status, response = _exchange(locked_server, request)
+    assert status == 400, response
+    assert f"the {name} header appears more than once".encode() in response
+    assert b"connection: close" in response.lower()
+
+
+@pytest.mark.parametrize("framing", [
+    [("Content-Length", "2")],                       # conflicting lengths
+    [("Content-Length", "0")],
+    [("Transfer-Encoding", "chunked")],              # both framings
+])
+def test_conflicting_body_framing_headers_get_400(locked_server: ServerProcess, framing: list[tuple[str, str]]) -> None:
+    port = int(locked_server.url.split(":")[2].split("/")[0])
+    status, response = _exchange(locked_server, _routed_request(port, framing))
+    assert status == 400, response
+
+
+def test_a_repeated_accept_is_one_list_not_a_duplicate(locked_server: ServerProcess) -> None:
+    """Accept is a list header (RFC 9110 12.5.1): two lines are the two halves of one list."""
+    port = int(locked_server.url.split(":")[2].split("/")[0])
+    request = _routed_request(port, [("Accept", "application/json"), ("Accept", "text/event-stream")], drop="Accept")
+    assert _exchange(locked_server, request)[0] == 200
