@@ -93,6 +93,8 @@ class Exchange(Protocol):
 
     def take_body(self) -> bytes | None: ...
 
+    def authenticated(self) -> None: ...
+
 
 def accepts(accept: bytes | None) -> tuple[bool, bool]:
     """(JSON acceptable, SSE acceptable). Lenient: no Accept, or a wildcard, accepts both."""

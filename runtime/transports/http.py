@@ -112,6 +112,10 @@ def _count_off(counts: dict[str, int], name: str) -> None:
 class HttpApp:
     """The ASGI application. One per daemon; it may be served on several listeners."""
 
+    #: It tells the server which connections passed authentication (the exchange's
+    #: ``authenticated``), so that the server can keep unauthenticated ones to their own budget.
+    vouches_for_connections = True
+
     def __init__(self, daemon: Daemon, cfg: HttpConfig, bound_hosts: Iterable[str] = ()) -> None:
         self.daemon = daemon
         self.core = daemon.core
@@ -160,7 +164,7 @@ class HttpApp:
             if headers is None:
                 headers = RequestHeaders(scope["headers"])
             await self._serve(scope["method"], scope["path"], headers, receive, Responder(send, [], ext.get("toolcell.respond")),
-                              ext.get("toolcell.take_body"))
+                              ext.get("toolcell.take_body"), ext.get("toolcell.authenticated"))
         elif kind == "lifespan":
             await lifespan(receive, send)
 
@@ -169,12 +173,12 @@ class HttpApp:
         read back): the same request as ``__call__`` sees, from the exchange's own fields. (Not a
         coroutine itself: what it returns is awaited by the server, one frame fewer per wake.)"""
         return self._serve(x.method, x.path, x.headers, x.receive, Responder(x.send, [], x.respond, x.respond_json),
-                           x.take_body)
+                           x.take_body, x.authenticated)
 
     async def _serve(self, method: str, path: str, headers: RequestHeaders, receive: Receive, r: Responder,
-                     take_body: Callable[[], bytes | None] | None) -> None:
+                     take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None) -> None:
         try:
-            await self._http(method, path, headers, receive, r, take_body)
+            await self._http(method, path, headers, receive, r, take_body, vouch)
         except Exception as exc:  # noqa: BLE001 - our bug: answer 500 if we still can, never kill the server
             log("http_internal_error", level="error", error=f"{type(exc).__name__}: {exc}")
             if not r.started:
@@ -183,10 +187,11 @@ class HttpApp:
         self.status_counts[status] = self.status_counts.get(status, 0) + 1
 
     def _http(self, method: str, path: str, headers: RequestHeaders, receive: Receive, r: Responder,
-              take_body: Callable[[], bytes | None] | None) -> Awaitable[None]:
+              take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None) -> Awaitable[None]:
         """What to await to answer this request: the checks every request passes are plain calls, so
         a call's coroutine is awaited by ``_serve`` directly, not through one frame per check.
-        ``take_body``: the whole body if the server already has it (else None: read ``receive``)."""
+        ``take_body``: the whole body if the server already has it (else None: read ``receive``).
+        ``vouch``: the server's word for "this connection passed authentication" (h1's budget)."""
         if headers.duplicate is not None:
             # RFC 9112 3.2 (Host), and the same for every header a decision here reads: which of two
             # values would count is exactly what an attacker would like to choose.
@@ -220,6 +225,8 @@ class HttpApp:
         if principal is None:
             return self._plain_error(r, 401, "Unauthorized: a valid bearer token is required",
                                            [(b"www-authenticate", b'Bearer realm="toolcell"')])
+        if vouch is not None:
+            vouch()
         if method == "POST":
             return self._post(r, headers, principal, receive, take_body() if take_body is not None else None)
         if method == "GET":

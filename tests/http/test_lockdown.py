@@ -6,11 +6,16 @@ from __future__ import annotations
 import json
 import socket
 import time
+from contextlib import AsyncExitStack
+from pathlib import Path
 
 import httpx2
 import pytest
-from http_harness import TOKENS, ServerProcess
-from httpkit import LEGACY, initialize, legacy_headers, modern_post, rpc
+import trio
+from http_harness import TOKENS, ServerProcess, make_plugins, open_http, sha
+from httpkit import LEGACY, MODERN, initialize, legacy_headers, modern_body, modern_post, rpc
+
+from runtime.http_config import Token
 
 FULL = TOKENS["full"]
 
@@ -357,3 +362,40 @@ def test_a_repeated_accept_is_one_list_not_a_duplicate(locked_server: ServerProc
     port = int(locked_server.url.split(":")[2].split("/")[0])
     request = _routed_request(port, [("Accept", "application/json"), ("Accept", "text/event-stream")], drop="Accept")
     assert _exchange(locked_server, request)[0] == 200
+
+
+async def test_holding_every_connection_with_a_head_begun_does_not_lock_out_a_token_holder(tmp_path: Path) -> None:
+    """Issue 23 finding 4, on the daemon's own app: an attacker with no token takes every connection
+    ``max_connections`` allows, each with a head begun and never ended, and keeps taking more; a
+    token holder is still served at once (and not after ``idle_timeout_s``) on new connections, and
+    on the keep-alive one it had before."""
+    plugins = make_plugins(tmp_path / "plugins")
+    token = Token(principal="full", sha256=sha(FULL))
+    async with open_http(plugins, tmp_path / "state", tokens=[token], max_connections=8,
+                         max_unauthenticated_per_address=8) as http, AsyncExitStack() as held:
+        port = int(http.url.split(":")[2].split("/")[0])
+        body = modern_body("tools/list")
+        head = (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                f"Accept: application/json\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/list\r\n"
+                f"Content-Length: {len(body)}\r\n").encode()
+
+        async def ask(stream: trio.SocketStream) -> int:
+            await stream.send_all(head + f"Authorization: Bearer {FULL}\r\n\r\n".encode() + body)
+            data = b""
+            with trio.fail_after(5):  # idle_timeout_s is 60: a lockout would show here
+                while b"\r\n\r\n" not in data:
+                    data += await stream.receive_some(65536)
+            return int(data.split(b" ")[1])
+
+        keeper = await trio.open_tcp_stream("127.0.0.1", port)
+        held.push_async_callback(keeper.aclose)
+        assert await ask(keeper) == 200
+        for _ in range(3):
+            for _ in range(10):  # more than max_connections, from another address
+                s = await trio.open_tcp_stream("127.0.0.1", port, local_address="127.0.0.2")
+                held.push_async_callback(s.aclose)
+                await s.send_all(head)  # the head begun, never ended
+            await trio.sleep(0.05)
+            async with await trio.open_tcp_stream("127.0.0.1", port) as newcomer:
+                assert await ask(newcomer) == 200
+            assert await ask(keeper) == 200
