@@ -225,3 +225,34 @@ async def test_out_of_descriptors_on_accept_evicts_the_oldest_unauthenticated_co
         status, _, body = await pending.response()
         assert (status, body) == (200, b"ok")
         stop.set()
+
+
+async def test_after_a_hostile_round_with_every_connection_closed_no_connection_is_still_tracked() -> None:
+    """Issue 23 finding 10: what a hostile run leaves behind. Malformed requests, connections
+    held idle (some evicted), slow heads, requests cut by a reset, 401s: once every client has gone,
+    the server's tables (connections, the unauthenticated budget, by address) are empty again."""
+    async with budget_server(max_connections=64, max_unauthenticated_connections=16,
+                             max_unauthenticated_per_address=4) as srv:
+        async with AsyncExitStack() as held:
+            for i in range(40):
+                c = await connect(srv, f"127.0.0.{2 + i % 8}")
+                held.push_async_callback(c.stream.aclose)
+                kind = i % 5
+                if kind == 0:
+                    await c.send(b"GARBAGE\r\n\r\n")
+                elif kind == 1:
+                    await c.send(b"POST /mcp HTTP/1.1\r\nHost: x\r\n")  # never ends
+                elif kind == 2:
+                    await c.send(request(b"Bearer wrong"))
+                elif kind == 3:
+                    await c.send(request())
+                    await c.response()  # authenticated, then idle
+                else:
+                    await c.send(request() + request())
+                    c.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            await settle()
+            assert srv.server.evicted > 0 and srv.server.connections
+        with trio.fail_after(5):
+            while srv.server.connections:
+                await trio.sleep(0.01)
+        assert not srv.server.unauthenticated and not srv.server.unauthenticated_by_source
