@@ -49,6 +49,7 @@ class Issuer:
         #: Opaque tokens the introspection endpoint knows: token -> its answer.
         self.opaque: dict[str, dict[str, Any]] = {}
         self.introspection_auth: list[str] = []
+        self.token_requests: list[dict[str, str]] = []
         issuer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -69,7 +70,12 @@ class Issuer:
                     return self._send(500, {"error": "down"})
                 if self.path == "/.well-known/oauth-authorization-server":
                     return self._send(200, {"issuer": issuer.url, "jwks_uri": issuer.url + "/jwks",
-                                            "introspection_endpoint": issuer.url + "/introspect"})
+                                            "authorization_endpoint": issuer.url + "/authorize",
+                                            "token_endpoint": issuer.url + "/token",
+                                            "introspection_endpoint": issuer.url + "/introspect",
+                                            "response_types_supported": ["code"],
+                                            "grant_types_supported": ["client_credentials"],
+                                            "token_endpoint_auth_methods_supported": ["client_secret_basic"]})
                 if self.path == "/jwks":
                     return self._send(200, KeySet(issuer.published).as_dict(private=False))
                 self._send(404, {"error": "not found"})
@@ -78,12 +84,21 @@ class Issuer:
                 issuer.hits[self.path] += 1
                 length = int(self.headers.get("content-length", "0"))
                 form = urllib.parse.parse_qs(self.rfile.read(length).decode())
-                if issuer.down or self.path != "/introspect":
+                if issuer.down or self.path not in ("/introspect", "/token"):
                     return self._send(500, {"error": "down"})
                 issuer.introspection_auth.append(self.headers.get("authorization", ""))
                 expected = "Basic " + base64.b64encode(f"{CLIENT_ID}:{CLIENT_SECRET}".encode()).decode()
                 if self.headers.get("authorization") != expected:
                     return self._send(401, {"error": "invalid_client"})
+                if self.path == "/token":  # RFC 6749 client_credentials, RFC 8707 resource
+                    issuer.token_requests.append({k: v[0] for k, v in form.items()})
+                    if form.get("grant_type") != ["client_credentials"]:
+                        return self._send(400, {"error": "unsupported_grant_type"})
+                    resource = form.get("resource", [RESOURCE])[0]
+                    scope = form.get("scope", ["toolcell:*"])[0]
+                    access = issuer.token(sub=CLIENT_ID, aud=resource, scope=scope)
+                    return self._send(200, {"access_token": access, "token_type": "Bearer", "expires_in": 300,
+                                            "scope": scope})
                 token = form.get("token", [""])[0]
                 self._send(200, issuer.opaque.get(token, {"active": False}))
 

@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -276,3 +277,65 @@ def test_config_refuses_hmac_none_and_plain_http_issuers(tmp_path: Path) -> None
     assert "HS256" in problems and "none" in problems
     good = HttpConfig(oauth=OAuthConfig(resource="https://mcp.example/mcp", issuer="https://idp.example"))
     assert check_http_config(good) == []
+
+
+# -- a real client's OAuth flow ----------------------------------------------------------------
+
+
+class _Memory:
+    """The SDK's token storage protocol, in memory."""
+
+    def __init__(self) -> None:
+        self.tokens: Any = None
+        self.client_info: Any = None
+
+    async def get_tokens(self) -> Any:
+        return self.tokens
+
+    async def set_tokens(self, tokens: Any) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> Any:
+        return self.client_info
+
+    async def set_client_info(self, client_info: Any) -> None:
+        self.client_info = client_info
+
+
+async def test_the_official_sdk_client_finds_the_issuer_gets_a_token_and_calls(issuer: Issuer, tmp_path: Path) -> None:
+    """The MCP SDK's own OAuth client (client_credentials): 401 -> RFC 9728 metadata -> the issuer's
+    RFC 8414 metadata -> a token for this resource (RFC 8707 ``resource``) -> the call succeeds."""
+    import ssl
+    import socket
+
+    import trio
+    from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    with socket.socket() as probe:  # the resource URI must be the URL clients use: pick the port first
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/mcp"
+    config = _config(issuer, tmp_path).replace(f'resource = "{RESOURCE}"', f'resource = "{url}"')
+    srv = start_server(tmp_path, config.replace("[http]\n", f'[http]\nlisten = "127.0.0.1:{port}"\n'),
+                       "--http", f"127.0.0.1:{port}")
+    try:
+        provider = ClientCredentialsOAuthProvider(url, _Memory(), CLIENT_ID, CLIENT_SECRET,
+                                                  scope="toolcell:plugin:alpha", issuer=issuer.url)
+        tls = ssl.create_default_context(cafile=str(issuer.ca_file))
+        async with httpx2.AsyncClient(auth=provider, verify=tls, timeout=30) as http, \
+                streamable_http_client(url, http_client=http) as (read, write), \
+                ClientSession(read, write) as session:
+            with trio.fail_after(60):
+                await session.initialize()
+                names = {t.name for t in (await session.list_tools()).tools}
+                assert "a_echo" in names
+                echoed = await session.call_tool("a_echo", {"text": "via oauth"})
+                assert echoed.content[0].text == "via oauth"
+        asked = issuer.token_requests[-1]
+        assert asked["resource"] == url
+        # The SDK asks for what the resource metadata lists (scopes_supported), as the spec says.
+        assert set(asked["scope"].split()) == {"toolcell:*", "toolcell:plugin:alpha", "toolcell:plugin:beta"}
+    finally:
+        await trio.to_thread.run_sync(stop_server, srv)
