@@ -17,13 +17,10 @@ import hashlib
 import secrets
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from runtime.http_config import HttpConfig, RateLimit
 from runtime.protocol.catalog import Catalog, ToolEntry
-
-if TYPE_CHECKING:
-    from runtime.oauth import OAuthVerifier
 
 
 def hash_token(token: str) -> str:
@@ -68,6 +65,13 @@ class Principal:
 ANONYMOUS = Principal("anonymous")
 
 
+class CheckedTokens(Protocol):
+    """Tokens some other authority checked before (``runtime.oauth.OAuthVerifier``), by their exact
+    ``Authorization`` value."""
+
+    def cached(self, authorization: bytes) -> Principal | None: ...
+
+
 class Authenticator:
     """Maps ``Authorization: Bearer`` values to principals. Disabled when no token is configured."""
 
@@ -76,7 +80,7 @@ class Authenticator:
     #: it), at most this many; the oldest goes first.
     MATCHED_MAX = 1024
 
-    def __init__(self, cfg: HttpConfig, oauth: OAuthVerifier | None = None) -> None:
+    def __init__(self, cfg: HttpConfig, oauth: CheckedTokens | None = None) -> None:
         self._by_hash: dict[str, Principal] = {}
         for tok in cfg.tokens:
             self._by_hash[tok.sha256] = Principal(tok.principal, tuple(tok.scopes), tok.rate)

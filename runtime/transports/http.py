@@ -111,6 +111,7 @@ class HttpApp:
         self.path = cfg.path
         oauth = OAuthVerifier(cfg.oauth, secret=client_secret(cfg.oauth)) if cfg.oauth is not None else None
         self.auth = Authenticator(cfg, oauth)
+        self.oauth = oauth
         #: Where the RFC 9728 resource metadata is served (with OAuth on).
         self._metadata_paths = frozenset(metadata_paths(cfg.oauth.resource)) if cfg.oauth is not None else frozenset()
         #: trio's clock, read in one call (``runtime.clock``).
@@ -211,8 +212,8 @@ class HttpApp:
         authorization = headers.get(b"authorization")
         principal = self.auth.authenticate(authorization)
         if principal is None:
-            if authorization and self.auth.oauth is not None:
-                return self._oauth_then(method, headers, receive, r, take_body, authorization, self.auth.oauth)
+            if authorization and self.oauth is not None:
+                return self._oauth_then(method, headers, receive, r, take_body, authorization, self.oauth)
             return self._unauthorized(r)
         return self._route(method, headers, principal, receive, r, take_body)
 
@@ -227,7 +228,7 @@ class HttpApp:
         return self._plain_error(r, 405, f"Method Not Allowed: {method}", [(b"allow", _ALLOW)])
 
     def _unauthorized(self, r: Responder, refused: TokenRefused | None = None) -> Awaitable[None]:
-        oauth = self.auth.oauth
+        oauth = self.oauth
         if oauth is None:
             return self._plain_error(r, 401, "Unauthorized: a valid bearer token is required",
                                      [(b"www-authenticate", b'Bearer realm="toolcell"')])
@@ -252,7 +253,7 @@ class HttpApp:
 
     async def _resource_metadata(self, r: Responder, method: str) -> None:
         """RFC 9728 protected resource metadata (public: clients read it before they have a token)."""
-        oauth = self.auth.oauth
+        oauth = self.oauth
         assert oauth is not None
         cors = [(b"access-control-allow-origin", b"*"), (b"cache-control", b"max-age=300")]
         if method == "OPTIONS":
@@ -264,7 +265,7 @@ class HttpApp:
         """An OAuth principal calling a tool outside its scopes is told which scope to ask for (403
         ``insufficient_scope``, RFC 6750), so that its client can step up; None when the tool is in
         scope or does not exist (then it is answered like any unknown tool)."""
-        oauth = self.auth.oauth
+        oauth = self.oauth
         if oauth is None:
             return None
         name = requested_tool(env.params)
