@@ -65,7 +65,7 @@ def _body(method: str, params: dict[str, Any], id: int = 1) -> bytes:
 
 
 def _post(port: int, body: bytes, *extra: str) -> bytes:
-    head = [f"POST /mcp HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Authorization: Bearer {BENCH_TOKEN}",
+    head = ["POST /mcp HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Authorization: Bearer {BENCH_TOKEN}",
             "Content-Type: application/json", "Accept: application/json, text/event-stream",
             f"Content-Length: {len(body)}", *extra]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
