@@ -55,6 +55,33 @@ def cpu_delta_s(before: dict[int, float], after: dict[int, float]) -> float:
     return max(0.0, sum(after.values()) - sum(before.values()))
 
 
+class TreeSampler:
+    """CPU seconds and RSS of a server's tree, cheaply enough to read every timeline interval:
+    the tree is walked once, at the first sample (a walk scans all of /proc), then only its
+    processes are read. A process started later (a replaced worker) is missed until the next
+    segment's sampler: the per-interval figures can only under-count."""
+
+    def __init__(self, root_pid: int) -> None:
+        self.root_pid = root_pid
+        self.procs: list[psutil.Process] | None = None
+
+    def sample(self) -> tuple[float, int] | None:
+        """(CPU s, RSS bytes) of the tree's live processes; None when none is left."""
+        if self.procs is None:
+            self.procs = _tree(self.root_pid)
+        cpu, rss, seen = 0.0, 0, 0
+        for proc in self.procs:
+            try:
+                with proc.oneshot():
+                    t = proc.cpu_times()
+                    rss += proc.memory_info().rss
+            except psutil.Error:
+                continue
+            cpu += t.user + t.system + t.children_user + t.children_system
+            seen += 1
+        return (cpu, rss) if seen else None
+
+
 def _short_name(proc: psutil.Process) -> str:
     try:
         cmdline = proc.cmdline()

@@ -72,8 +72,12 @@ class Summary(msgspec.Struct):
     client_cpu_pct: float
     server_cpu_us_per_call: float | None
     server_rss_mb: float | None
+    #: Closed loop: calls/s over the baseline's at the same step (None in an open loop, where
+    #: every target is offered the same rate and calls/s tells nothing apart).
     ratio: float | None = None
     p50_ratio: float | None = None
+    #: p99 latency over the baseline's at the same step: what an open loop compares.
+    p99_ratio: float | None = None
     ceiling_share: float | None = None
     offered_per_s: float | None = None
     curve: list[tuple[float, float]] = msgspec.field(default_factory=list)
@@ -175,27 +179,57 @@ def _ms(value: float) -> str:
 
 HEADERS = ["target", "step", "calls/s", "spread", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "errors",
            "srv CPU µs/call", "srv RSS MB", "client CPU", "ratio"]
+#: An open loop offers every target the same rate: the last column compares latency instead.
+OPEN_LOOP_RATIO = "p99 vs base"
+#: What a figure that cannot be computed shows (a spread over one repeat, a ratio to nothing).
+NONE = "–"
+
+
+def spread_pct(row: Summary) -> float | None:
+    """Half the range of the repeats' calls/s, as a percent of their median; None with one repeat."""
+    if row.repeats < 2 or not row.calls_per_s:
+        return None
+    return (row.calls_per_s_max - row.calls_per_s_min) / row.calls_per_s * 50
+
+
+def _ratio_cell(row: Summary, baseline: str | None) -> str:
+    if row.offered_per_s is not None:
+        value = row.p99_ratio
+    else:
+        value = row.ratio
+    if value is None:
+        return NONE
+    return "1.00 (base)" if row.target == baseline else f"{value:.2f}x"
 
 
 def _cells(row: Summary, baseline: str | None) -> list[str]:
-    spread = (row.calls_per_s_max - row.calls_per_s_min) / row.calls_per_s * 50 if row.calls_per_s else 0.0
+    spread = spread_pct(row)
     errors = sum(row.errors.values())
     err = f"{errors}" + (f" ({row.error_rate:.1%})" if errors else "")
-    ratio = "-" if row.ratio is None else ("1.00 (base)" if row.target == baseline else f"{row.ratio:.2f}x")
-    return [row.target, row.step, f"{row.calls_per_s:,.0f}", f"±{spread:.0f}%", _ms(row.latency.p50_ms),
-            _ms(row.latency.p90_ms), _ms(row.latency.p99_ms), _ms(row.latency.p999_ms), _ms(row.latency.max_ms), err,
-            "-" if row.server_cpu_us_per_call is None else f"{row.server_cpu_us_per_call:,.0f}",
-            "-" if row.server_rss_mb is None else f"{row.server_rss_mb:.1f}", f"{row.client_cpu_pct:.0f}%", ratio]
+    return [row.target, row.step, f"{row.calls_per_s:,.0f}", NONE if spread is None else f"±{spread:.0f}%",
+            _ms(row.latency.p50_ms), _ms(row.latency.p90_ms), _ms(row.latency.p99_ms), _ms(row.latency.p999_ms),
+            _ms(row.latency.max_ms), err,
+            NONE if row.server_cpu_us_per_call is None else f"{row.server_cpu_us_per_call:,.0f}",
+            NONE if row.server_rss_mb is None else f"{row.server_rss_mb:.1f}", f"{row.client_cpu_pct:.0f}%",
+            _ratio_cell(row, baseline)]
+
+
+def headers(rows: Sequence[Summary]) -> list[str]:
+    """The table's column names (the last depends on the loop)."""
+    if any(r.offered_per_s is not None for r in rows):
+        return [*HEADERS[:-1], OPEN_LOOP_RATIO]
+    return list(HEADERS)
 
 
 def table(rows: Sequence[Summary], baseline: str | None, markdown: bool = False) -> str:
     """The summary as an aligned text table (or markdown)."""
     cells = [_cells(r, baseline) for r in rows]
+    names = headers(rows)
     if markdown:
-        out = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" if i < 2 else "---:" for i in range(len(HEADERS))) + "|"]
+        out = ["| " + " | ".join(names) + " |", "|" + "|".join("---" if i < 2 else "---:" for i in range(len(names))) + "|"]
         return "\n".join(out + ["| " + " | ".join(c) + " |" for c in cells])
-    grid = [HEADERS, *cells]
-    widths = [max(len(line[i]) for line in grid) for i in range(len(HEADERS))]
+    grid = [names, *cells]
+    widths = [max(len(line[i]) for line in grid) for i in range(len(names))]
     lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=False))).rstrip()
              for line in grid]
     lines.insert(1, "  ".join("-" * w for w in widths))
