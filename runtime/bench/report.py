@@ -1,5 +1,5 @@
-"""The report: what a run measured (Structs, written as ``--json``), the table printed at the
-end, and ``toolcell bench compare`` for CI gates."""
+"""The report: what a run measured (Structs, written as ``--json``) and the table printed at the
+end (``compare.py`` compares two reports, ``gates.py`` checks ``--fail-if``)."""
 
 from __future__ import annotations
 
@@ -221,19 +221,22 @@ def headers(rows: Sequence[Summary]) -> list[str]:
     return list(HEADERS)
 
 
-def table(rows: Sequence[Summary], baseline: str | None, markdown: bool = False) -> str:
-    """The summary as an aligned text table (or markdown)."""
-    cells = [_cells(r, baseline) for r in rows]
-    names = headers(rows)
+def table_lines(names: Sequence[str], cells: Sequence[Sequence[str]], markdown: bool, left: int = 2) -> list[str]:
+    """Aligned text lines (or markdown) of a table whose first ``left`` columns are text."""
     if markdown:
-        out = ["| " + " | ".join(names) + " |", "|" + "|".join("---" if i < 2 else "---:" for i in range(len(names))) + "|"]
-        return "\n".join(out + ["| " + " | ".join(c) + " |" for c in cells])
-    grid = [names, *cells]
+        out = ["| " + " | ".join(names) + " |", "|" + "|".join("---" if i < left else "---:" for i in range(len(names))) + "|"]
+        return out + ["| " + " | ".join(c) + " |" for c in cells]
+    grid = [list(names), *cells]
     widths = [max(len(line[i]) for line in grid) for i in range(len(names))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=False))).rstrip()
+    lines = ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=False))).rstrip()
              for line in grid]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return lines
+
+
+def table(rows: Sequence[Summary], baseline: str | None, markdown: bool = False) -> str:
+    """The summary as an aligned text table (or markdown)."""
+    return "\n".join(table_lines(headers(rows), [_cells(r, baseline) for r in rows], markdown))
 
 
 def render_text(report: Report, markdown: bool = False) -> str:
@@ -281,7 +284,7 @@ def render_text(report: Report, markdown: bool = False) -> str:
     return "\n".join(out)
 
 
-# -- JSON and compare ------------------------------------------------------------------------------
+# -- JSON ------------------------------------------------------------------------------------------
 
 
 def to_json(report: Report) -> bytes:
@@ -303,59 +306,3 @@ def load(path: str) -> Report:
     if report.format != REPORT_FORMAT:
         raise ValueError(f"{path}: report format {report.format}, this version reads {REPORT_FORMAT}")
     return report
-
-
-class Change(msgspec.Struct):
-    """One (target, step) compared between two reports."""
-
-    target: str
-    step: str
-    base_calls_per_s: float
-    new_calls_per_s: float
-    calls_change: float
-    base_p99_ms: float
-    new_p99_ms: float
-    p99_change: float
-    base_error_rate: float
-    new_error_rate: float
-    regressions: list[str]
-
-
-def compare(base: Report, new: Report, threshold_pct: float) -> list[Change]:
-    """Every (target, step) in both reports. A regression: calls/s down or p99 up by more than
-    ``threshold_pct`` percent, or an error rate that grew by more than that share of itself and by
-    at least 0.1 percentage point (so errors where there were none count)."""
-    old = {(s.target, s.step): s for s in base.summary}
-    out = []
-    for s in new.summary:
-        b = old.get((s.target, s.step))
-        if b is None:
-            continue
-        calls = (s.calls_per_s - b.calls_per_s) / b.calls_per_s * 100 if b.calls_per_s else 0.0
-        p99 = (s.latency.p99_ms - b.latency.p99_ms) / b.latency.p99_ms * 100 if b.latency.p99_ms else 0.0
-        regressions = []
-        if calls < -threshold_pct:
-            regressions.append(f"calls/s {calls:+.1f}%")
-        if p99 > threshold_pct:
-            regressions.append(f"p99 {p99:+.1f}%")
-        if s.error_rate - b.error_rate > max(0.001, b.error_rate * threshold_pct / 100):
-            regressions.append(f"error rate {b.error_rate:.2%} -> {s.error_rate:.2%}")
-        out.append(Change(s.target, s.step, b.calls_per_s, s.calls_per_s, calls, b.latency.p99_ms,
-                          s.latency.p99_ms, p99, b.error_rate, s.error_rate, regressions))
-    return out
-
-
-def compare_text(changes: Sequence[Change], threshold_pct: float) -> str:
-    """The comparison as a table, and a verdict."""
-    headers = ["target", "step", "calls/s base", "calls/s new", "change", "p99 base", "p99 new", "change", "verdict"]
-    rows = [[c.target, c.step, f"{c.base_calls_per_s:,.0f}", f"{c.new_calls_per_s:,.0f}", f"{c.calls_change:+.1f}%",
-             _ms(c.base_p99_ms), _ms(c.new_p99_ms), f"{c.p99_change:+.1f}%",
-             "REGRESSION: " + ", ".join(c.regressions) if c.regressions else "ok"] for c in changes]
-    grid = [headers, *rows]
-    widths = [max(len(r[i]) for r in grid) for i in range(len(headers))]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in grid]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    bad = sum(1 for c in changes if c.regressions)
-    lines.append("")
-    lines.append(f"{bad} regression(s) beyond {threshold_pct:g}%" if bad else f"no regression beyond {threshold_pct:g}%")
-    return "\n".join(lines)
