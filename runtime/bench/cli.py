@@ -35,8 +35,9 @@ def _ints(text: str) -> list[int]:
 
 #: The examples ``--help`` shows (the README shows the same ones; tests/bench/test_bench_cli.py checks).
 EXAMPLES = [
-    "toolcell bench toolcell:benchmarks/plugins \"sdk=stdio:python3 benchmarks/peers/sdk_server.py\" --tool echo "
-    "--args '{\"text\": \"hi {{seq}}\"}' -c 1,16 --duration 5 --html bench.html",
+    "toolcell bench toolcell:benchmarks/plugins \"sdk=stdio:python3 benchmarks/peers/sdk_server.py\" "
+    "toolcell+http:benchmarks/plugins \"sdk-http=http:python3 benchmarks/peers/sdk_server.py --http --port {port}\" "
+    "--tool echo --args '{\"text\": \"hi {{seq}}\"}' --expect-text 'hi {{seq}}' -c 1,16 --duration 5 --html bench.html",
     "toolcell bench \"stdio:npx -y @modelcontextprotocol/server-everything\" --call 'echo {\"message\": \"x\"}' --list",
     "toolcell bench https://example.test/mcp --token \"$TOKEN\" --rate 50,100,200,400",
     "toolcell bench stdio:./server --scenario mix.toml --era modern -n 10000 --repeat 5 --json new.json",
@@ -111,9 +112,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _compare(argv: Sequence[str]) -> int:
-    from runtime.bench import compare, gates, report
-
+def compare_parser() -> argparse.ArgumentParser:
+    """The ``toolcell bench compare`` argument parser."""
     p = argparse.ArgumentParser(
         prog="toolcell bench compare", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Compare two --json reports, repeat by repeat (run both with --repeat 5 or more): per target "
@@ -132,6 +132,13 @@ def _compare(argv: Sequence[str]) -> int:
     p.add_argument("--markdown", action="store_true", help="print markdown (a pull-request comment)")
     p.add_argument("--fail-if", action="append", default=[], type=_gate, metavar="'[TARGET:]METRIC OP VALUE'",
                    help="also exit 1 if the NEW report crosses it (as for toolcell bench; repeatable)")
+    return p
+
+
+def _compare(argv: Sequence[str]) -> int:
+    from runtime.bench import compare, gates, report
+
+    p = compare_parser()
     args = p.parse_args(argv)
     if not 0 < args.alpha < 1 or args.threshold < 0:
         print("toolcell bench compare: --alpha must be between 0 and 1, --threshold not negative", file=sys.stderr)
