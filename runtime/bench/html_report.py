@@ -100,7 +100,7 @@ def _throughput(report: Report) -> Any:
                               "height": _HEIGHT, "legend": {"orientation": "h", "y": -0.2}}
     if ceilings:
         layout["yaxis2"] = {"title": "client ceiling, calls/s (own scale)", "overlaying": "y", "side": "right",
-                            "rangemode": "tozero", "showgrid": False}
+                            "rangemode": "tozero", "showgrid": False, "tickmode": "auto"}
     fig.update_layout(**layout)
     return fig
 
