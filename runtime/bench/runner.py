@@ -179,8 +179,8 @@ def _segment(t: _Target, shape: Shape, step_index: int, repeat: int, plan: Plan,
         if live.metrics_url is not None:
             marks[f"metrics_{key}"] = phases.scrape(live.metrics_url)
 
-    loop = Loop(t.ops, t.labels, t.weights, shape, plan.timing, t.seq, on_window, events.progress,
-                procs.TreeSampler(pid) if pid is not None else None)
+    sampler = procs.TreeSampler(pid) if pid is not None else None
+    loop = Loop(t.ops, t.labels, t.weights, shape, plan.timing, t.seq, on_window, events.progress, sampler)
     conn = live.conn
     assert conn is not None
     gc.disable()  # a collection in the middle of the window would be the client's pause, not the server's
@@ -191,6 +191,8 @@ def _segment(t: _Target, shape: Shape, step_index: int, repeat: int, plan: Plan,
         live.problem = f"died: {exc}"
     finally:
         gc.enable()
+        if sampler is not None:
+            sampler.close()
     t.seq = loop.seq
     rec = loop.recorder
     s = loop.stats
