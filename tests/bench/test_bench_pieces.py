@@ -104,3 +104,26 @@ def test_the_daemon_never_loads_the_bench() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_per_interval_sampler_reads_what_psutil_reads_for_the_whole_tree() -> None:
+    from runtime.bench import procs
+
+    code = ("import subprocess, sys, time; kids = [subprocess.Popen([sys.executable, '-c', 'import time; "
+            "time.sleep(60)']) for _ in range(2)]; sum(range(3 * 10**6)); print('ready', flush=True); time.sleep(60)")
+    root = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert root.stdout is not None and root.stdout.readline() == "ready\n"
+        sampler = procs.TreeSampler(root.pid)
+        cpu_s, rss = sampler.sample() or (0.0, 0)
+        assert sampler.fds is not None and len(sampler.fds) == 3
+        assert cpu_s == pytest.approx(procs.cpu_delta_s({}, procs.cpu_snapshot(root.pid)), abs=0.02)
+        assert rss == pytest.approx(sum(m.rss_bytes for m in procs.memory_snapshot(root.pid)), rel=0.1)
+        sampler.close()
+        assert sampler.sample() is None
+    finally:
+        for proc in reversed(procs._tree(root.pid)):
+            proc.kill()
+        root.wait(10)
+        if root.stdout is not None:
+            root.stdout.close()
