@@ -38,7 +38,7 @@ from runtime.processes import (
     kill_tree,
     spawn_process,
 )
-from runtime.workers import Worker
+from runtime.execution.pool import Worker
 from sandbox import wire
 from sandbox.isolation import cgroups
 

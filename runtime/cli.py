@@ -119,7 +119,7 @@ def _permissions(plugin: Any) -> str:
 
 
 def _mode(plugin: Any) -> str:
-    """pooled / per_call, or "server" for a hosted MCP server (``runtime.hosted``)."""
+    """pooled / per_call, or "server" for a hosted MCP server (``runtime.execution.hosted``)."""
     return "server" if plugin.manifest.kind == "server" else str(plugin.manifest.isolation)
 
 

@@ -23,7 +23,7 @@ class Metrics:
     def __init__(self, daemon: Daemon) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
-        from runtime.workers import PHASES
+        from runtime.execution.pool import PHASES
 
         PHASES.on = True  # the pools time calls by phase from now on (toolcell_call_phase_*)
         self.daemon = daemon

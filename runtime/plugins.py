@@ -20,11 +20,11 @@ from runtime.manifest import MANIFEST_NAME, Manifest, ManifestError, load_manife
 from runtime.protocol.catalog import ToolEntry
 from runtime.protocol.schemas import check_tool
 from runtime.processes import PoolSpec
-from runtime.workers import PluginLoadError, WorkerPool
+from runtime.execution.pool import PluginLoadError, WorkerPool
 from sandbox import wire
 
 if TYPE_CHECKING:
-    from runtime.hosted import HostedRunner
+    from runtime.execution.hosted import HostedRunner
 
 
 @dataclass(eq=False)
@@ -146,11 +146,12 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
 
 
 async def _load_server(plugin: Plugin, spec: PoolSpec, nursery: trio.Nursery) -> Plugin:
-    """A hosted MCP server (``runtime.hosted``): install or resolve what it runs, start it, list its tools.
+    """A hosted MCP server (``runtime.execution.hosted``): install or resolve what it runs, start it, list its tools.
 
     Unlike a plugin's, a third-party server's tool that fails the checks is left out (and logged)
     rather than refusing the whole server."""
-    from runtime import hosted, installer, launch
+    from runtime import installer, launch
+    from runtime.execution import hosted
 
     try:
         argv, reads = await launch.server_command(spec.manifest, spec.plugin_dir, spec.state_dir)

@@ -26,7 +26,7 @@ def _close_fake_worker_sockets() -> Iterator[None]:
 @pytest.fixture
 def no_kills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """``kill_tree`` records instead of killing (a fake worker's pid is nobody's); the pids it got."""
-    import runtime.workers as workers
+    import runtime.execution.pool as workers
 
     killed: list[int] = []
     monkeypatch.setattr(workers, "kill_tree", killed.append)

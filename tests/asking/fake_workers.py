@@ -25,7 +25,7 @@ class FakeProc:
 
 def fake_worker(pool: Any, tmp_path: Path) -> tuple[Any, Any]:
     """A ``Worker`` added to ``pool``, and the worker's end of its socket (a trio socket)."""
-    from runtime.workers import Worker
+    from runtime.execution.pool import Worker
 
     ours, theirs = socket.socketpair()
     SOCKETS.extend((ours, theirs))

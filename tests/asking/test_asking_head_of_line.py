@@ -117,7 +117,7 @@ async def test_the_pool_takes_back_batched_calls_and_the_stubs_take_the_cancelle
         tmp_path: Path, autojump_clock: trio.testing.MockClock, no_kills: list[int]) -> None:
     from runtime.manifest import Manifest
     from runtime.processes import PoolSpec
-    from runtime.workers import WorkerPool
+    from runtime.execution.pool import WorkerPool
 
     limits = wire.Limits(timeout_s=5, ask_timeout_s=100, max_concurrency=2)
     done: list[Any] = []

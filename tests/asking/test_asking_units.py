@@ -413,7 +413,7 @@ async def _pool_with_one_call(nursery: trio.Nursery, tmp_path: Path, limits: wir
     """A pool whose one (fake) worker runs one call; returns (pool, slot, the worker's end of the socket)."""
     from runtime.manifest import Manifest
     from runtime.processes import PoolSpec
-    from runtime.workers import WorkerPool
+    from runtime.execution.pool import WorkerPool
 
     manifest = Manifest(name="fake", version="1", entry="fake", limits=limits)
     pool = WorkerPool(PoolSpec(manifest, str(tmp_path), "none", str(tmp_path)), nursery)

@@ -10,9 +10,9 @@ from typing import Any
 
 import trio
 
-from runtime import hosted
-from runtime.hosted import Group, HostedRunner
-from runtime.hosted_session import Instance
+from runtime.execution import hosted
+from runtime.execution.hosted import Group, HostedRunner
+from runtime.execution.hosted_session import Instance
 from runtime.protocol.errors import WorkerFailure
 from sandbox import wire
 

@@ -12,7 +12,7 @@ How this works:
   multiplexes, times out and relays; a client in the worker would add a second hop, a second decode of
   every message and a process of its own, and would be no more trusted than the server beside it.
 * Everything the server writes is untrusted: the session with each process
-  (``runtime.hosted_session.Instance``) checks every line before anything uses it.
+  (``runtime.execution.hosted_session.Instance``) checks every line before anything uses it.
 * Calls: ``tools/call`` with a fresh id (and a progress token when the client asked for progress),
   at most ``limits.max_concurrency`` in flight per instance, the rest queued (``max_queue``, then
   "busy"). Progress is relayed within the call's budget; a log message is relayed to the call it
@@ -21,7 +21,7 @@ How this works:
   server (``notifications/cancelled``); a client's cancellation is forwarded the same way. The server
   must then answer a ``ping`` within ``cancel_grace_s``, or it is restarted.
 * ``notifications/tools/list_changed`` makes the runner list the tools again (rate-limited, see
-  ``runtime.hosted_session``) and tell the daemon. The catalog is the shared group's listing: a
+  ``runtime.execution.hosted_session``) and tell the daemon. The catalog is the shared group's listing: a
   principal's instance listing other tools is logged and changes nothing anyone sees.
 * An instance that exits or breaks fails its running calls ("the server ... exited"), is logged and
   started again with backoff; queued calls wait for it. ``instances`` > 1 spreads calls over several
@@ -39,12 +39,12 @@ import trio
 
 from runtime import worker_frames
 from runtime.egress_rules import Grant
-from runtime.hosted_session import Instance
+from runtime.execution.hosted_session import Instance
 from runtime.logs import log
 from runtime.processes import PoolSpec
 from runtime.protocol.errors import InternalError, MethodNotFound, PoolBusy, WorkerFailure, error_object
 from runtime.worker_frames import FrameRejected
-from runtime.workers import PluginLoadError
+from runtime.execution.pool import PluginLoadError
 from sandbox import wire
 
 BACKOFF_MAX_S = 30.0

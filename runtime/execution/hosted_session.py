@@ -1,4 +1,4 @@
-"""One hosted server process and the daemon's MCP session with it (``runtime.hosted`` runs the calls).
+"""One hosted server process and the daemon's MCP session with it (``runtime.execution.hosted`` runs the calls).
 
 How this works:
 
@@ -17,7 +17,7 @@ How this works:
   running at the server (stdio carries no other link; ``Instance._owner``). Requests
   from the server: ``ping`` is answered; ``elicitation/create``, ``sampling/createMessage`` and
   ``roots/list`` made while exactly one call runs here (as above) are that call's questions, asked of its
-  client like a plugin's (``runtime.hosted.HostedRunner.ask``: to a legacy client as our requests,
+  client like a plugin's (``runtime.execution.hosted.HostedRunner.ask``: to a legacy client as our requests,
   to a 2026-07-28 one as ``input_required``) and answered back; everything else "method not found".
 * ``cancel`` sends ``notifications/cancelled`` and then requires a ``ping`` answer within the
   server's ``cancel_grace_s``, or ends the instance. The cancelled id is remembered (at most
@@ -59,7 +59,7 @@ from runtime.processes import (
 from runtime.protocol.errors import InternalError, InvalidParams, MethodNotFound, WorkerFailure, error_object
 from runtime.server_spec import ServerSpec
 from runtime.worker_frames import FrameRejected
-from runtime.workers import PluginLoadError, Worker
+from runtime.execution.pool import PluginLoadError, Worker
 from sandbox import wire
 from sandbox.isolation import cgroups
 
@@ -93,7 +93,7 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Runner(Protocol):
-    """What an instance needs of the runner that owns it (``runtime.hosted.HostedRunner``)."""
+    """What an instance needs of the runner that owns it (``runtime.execution.hosted.HostedRunner``)."""
 
     spec: PoolSpec
     server: ServerSpec
