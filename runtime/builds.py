@@ -38,7 +38,7 @@ from runtime.processes import (
     kill_tree,
     spawn_process,
 )
-from runtime.execution.pool import Worker
+from runtime.execution.child import ChildProcess
 from sandbox import wire
 from sandbox.isolation import cgroups
 
@@ -88,7 +88,7 @@ async def run(argv: list[str], *, name: str, workdir: str, state_dir: str, polic
     LIVE_WORKER_TOKENS.add(token)
     proc, raw = await spawn_process(env, scratch, piped=True)
     LIVE_WORKER_PIDS.add(proc.pid)
-    ipc = Worker(proc, raw, scratch, wire.MAX_FRAME_BYTES)
+    ipc = ChildProcess(proc, raw, scratch)
     output = bytearray()
     try:
         async with trio.open_nursery() as nursery:

@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from runtime.execution.runner import CallSlot
 from runtime.logs import log
 from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.core import Completed, Failed, Outcome, Refused, Reply, ToolCall
@@ -50,14 +51,15 @@ class CallDispatcher:
             self._idle = trio.Event()
             await self._idle.wait()
 
-    def start(self, call: ToolCall, principal: str | None, on_frame: FrameSink, on_outcome: OutcomeSink) -> Any:
+    def start(self, call: ToolCall, principal: str | None, on_frame: FrameSink,
+              on_outcome: OutcomeSink) -> CallSlot | None:
         """Start ``call`` without a task of its own; ``on_outcome`` runs once with how it ended
         (possibly before this returns). Returns a handle for ``cancel``, or None."""
         entry = call.entry
         pool = entry.runner
         started = time.perf_counter()
 
-        def done(slot: Any) -> None:
+        def done(slot: CallSlot) -> None:
             self.inflight -= 1
             if not self.inflight and self._idle is not None:
                 self._idle.set()
@@ -72,12 +74,8 @@ class CallDispatcher:
             self._refuse_busy(call, principal, started, on_outcome, "too many calls in flight")
             return None
         try:
-            if getattr(pool, "per_principal", False):  # a hosted server with instances per principal
-                slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
-                                     call.log_level, on_frame, done, principal=principal)
-            else:
-                slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
-                                     call.log_level, on_frame, done)
+            slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
+                                 call.log_level, on_frame, done, principal)
         except (OverflowError, TypeError, ValueError) as exc:
             on_outcome(Refused(InvalidParams("Invalid params: arguments cannot be passed to a worker "
                                              f"({type(exc).__name__}: {str(exc)[:100]})")))
@@ -105,7 +103,7 @@ class CallDispatcher:
         self._hook(call, principal, "busy", started)
         on_outcome(Refused(ServerBusy(f"Server busy: {why}; retry later")))
 
-    def cancel(self, call: ToolCall, handle: Any, principal: str | None = None) -> None:
+    def cancel(self, call: ToolCall, handle: CallSlot | None, principal: str | None = None) -> None:
         """The client cancelled: no outcome follows for ``call``; its worker is stopped."""
         if handle is None or handle.finished:
             return
@@ -114,16 +112,15 @@ class CallDispatcher:
         self._hook(call, principal, "cancelled", time.perf_counter())
         call.entry.runner.withdraw(handle)
 
-    def answer(self, call: ToolCall, handle: Any, responses: list[wire.InputResponse], missing: str = "error",
+    def answer(self, call: ToolCall, handle: CallSlot | None, responses: list[wire.InputResponse], missing: str = "error",
                why: str = "the client gave no answer", to: wire.Ask | None = None) -> bool:
         """Give a running call that asked its client something the answers (see ``WorkerPool.answer``;
         ``to``: the round they answer)."""
         if handle is None or handle.finished:
             return False
-        answered: bool = call.entry.runner.answer(handle, responses, missing, why, to)
-        return answered
+        return call.entry.runner.answer(handle, responses, missing, why, to)
 
-    def _finish(self, call: ToolCall, slot: Any, principal: str | None, started: float) -> Outcome:
+    def _finish(self, call: ToolCall, slot: CallSlot, principal: str | None, started: float) -> Outcome:
         entry = call.entry
         self.stats["calls"] += 1
         error = slot.error
@@ -133,7 +130,8 @@ class CallDispatcher:
             log("call_failed", level="warning", tool=entry.name, plugin=entry.plugin, kind=error.kind,
                 fault=error.fault, error=error.message)
             return Failed(error)
-        result: wire.Result = slot.result
+        result = slot.result
+        assert result is not None  # a slot ends with an error or a result
         if result.traceback:
             log("tool_raised", level="warning", tool=entry.name, plugin=entry.plugin, traceback=result.traceback)
         if self.hooks:
@@ -150,7 +148,7 @@ class CallDispatcher:
             box.append(outcome)
             event.set()
 
-        handles: list[Any] = []
+        handles: list[CallSlot | None] = []
 
         def relay(frame: Any) -> None:
             if type(frame) is wire.Ask:

@@ -112,10 +112,10 @@ class _Live:
             pool = plugin.pool
             if pool is None:
                 continue
-            queue.add_metric([name], len(getattr(pool, "queue", ())))
-            alive.add_metric([name], len(getattr(pool, "workers", ())))
-            restarts.add_metric([name], getattr(pool, "restarts", 0))
-            kills.add_metric([name], getattr(pool, "limit_kills", 0))
+            queue.add_metric([name], pool.queued())
+            alive.add_metric([name], pool.alive())
+            restarts.add_metric([name], pool.restarts)
+            kills.add_metric([name], pool.limit_kills)
             totals = getattr(pool, "phase_totals", None)
             if totals is not None:
                 phase_calls.add_metric([name], totals[0])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import msgspec
 import trio
@@ -20,11 +20,10 @@ from runtime.manifest import MANIFEST_NAME, Manifest, ManifestError, load_manife
 from runtime.protocol.catalog import ToolEntry
 from runtime.protocol.schemas import check_tool
 from runtime.processes import PoolSpec
-from runtime.execution.pool import PluginLoadError, WorkerPool
+from runtime.execution.hosted import HostedRunner
+from runtime.execution.pool import WorkerPool
+from runtime.execution.runner import PluginLoadError, Runner
 from sandbox import wire
-
-if TYPE_CHECKING:
-    from runtime.execution.hosted import HostedRunner
 
 
 @dataclass(eq=False)
@@ -34,7 +33,7 @@ class Plugin:
     path: Path
     manifest: Manifest | None = None
     #: What runs its calls: a pool of workers, or a hosted server's instances.
-    pool: WorkerPool | HostedRunner | None = None
+    pool: Runner | None = None
     entries: list[ToolEntry] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
@@ -151,7 +150,6 @@ async def _load_server(plugin: Plugin, spec: PoolSpec, nursery: trio.Nursery) ->
     Unlike a plugin's, a third-party server's tool that fails the checks is left out (and logged)
     rather than refusing the whole server."""
     from runtime import installer, launch
-    from runtime.execution import hosted
 
     try:
         argv, reads = await launch.server_command(spec.manifest, spec.plugin_dir, spec.state_dir)
@@ -161,7 +159,7 @@ async def _load_server(plugin: Plugin, spec: PoolSpec, nursery: trio.Nursery) ->
     except launch.LaunchError as exc:
         plugin.problems = [f"command: {exc}"]
         return plugin
-    runner = hosted.HostedRunner(spec, nursery, argv, reads)
+    runner = HostedRunner(spec, nursery, argv, reads)
     try:
         ready = await runner.start()
     except PluginLoadError as exc:
@@ -185,7 +183,7 @@ async def _load_server(plugin: Plugin, spec: PoolSpec, nursery: trio.Nursery) ->
     return plugin
 
 
-def hosted_entries(plugin: Plugin, runner: Any, tools: list[wire.ToolSpec]) -> list[ToolEntry]:
+def hosted_entries(plugin: Plugin, runner: Runner, tools: list[wire.ToolSpec]) -> list[ToolEntry]:
     """Catalog entries for a hosted server's tools; a tool that fails the checks is left out and logged."""
     assert plugin.manifest is not None
     entries: list[ToolEntry] = []

@@ -31,69 +31,25 @@ How this works:
 from __future__ import annotations
 
 import collections
-import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import trio
 
 from runtime import worker_frames
 from runtime.egress_rules import Grant
 from runtime.execution.hosted_session import Instance
+from runtime.execution.runner import CallSlot, EventSink, PluginLoadError
+from runtime.execution.watchdog import DeadlineWatchdog
 from runtime.logs import log
 from runtime.processes import PoolSpec
 from runtime.protocol.errors import InternalError, MethodNotFound, PoolBusy, WorkerFailure, error_object
 from runtime.worker_frames import FrameRejected
-from runtime.execution.pool import PluginLoadError
 from sandbox import wire
 
 BACKOFF_MAX_S = 30.0
 #: An instance up this long has recovered: its restart backoff starts again from the shortest.
 STABLE_AFTER_S = 30.0
-
-
-class HostedSlot:
-    """One call on its way to a hosted server (the dispatcher's handle)."""
-
-    __slots__ = ("tool", "arguments", "progress", "log_level", "on_event", "on_done", "result", "error", "finished",
-                 "principal", "request_id", "instance", "deadline", "notes", "note_bytes", "notes_dropped", "asking",
-                 "asks", "run_left_s")
-
-    def __init__(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
-                 on_event: Callable[[Any], None] | None, on_done: Callable[[Any], None] | None,
-                 principal: str | None) -> None:
-        self.tool = tool
-        self.arguments = arguments
-        self.progress = progress
-        self.log_level = log_level
-        self.on_event = on_event
-        self.on_done = on_done
-        self.result: wire.Result | None = None
-        self.error: WorkerFailure | None = None
-        self.finished = False
-        self.principal = principal
-        self.request_id = 0
-        self.instance: Instance | None = None
-        self.deadline = math.inf
-        self.notes = 0
-        self.note_bytes = 0
-        self.notes_dropped = 0
-        #: The server's question the call waits on: (our Ask, the server's request id, its instance).
-        self.asking: tuple[wire.Ask, Any, Any] | None = None
-        self.asks = 0
-        self.run_left_s = 0.0
-
-    def finish(self) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        on_done, self.on_done = self.on_done, None
-        self.on_event = None
-        if on_done is not None:
-            try:
-                on_done(self)
-            except Exception as exc:  # our bug; the runner keeps going
-                log("internal_error", level="error", where="hosted call completion", error=f"{type(exc).__name__}: {exc}")
 
 
 class Group:
@@ -103,7 +59,7 @@ class Group:
         self.key = key
         self.instances: list[Instance] = []
         self.starting = 0
-        self.queue: collections.deque[HostedSlot] = collections.deque()
+        self.queue: collections.deque[CallSlot] = collections.deque()
         self.failures = 0
         self.last_used = time.monotonic()
         self.last_error = ""
@@ -123,8 +79,6 @@ class HostedRunner:
         self.argv = argv
         self.command_read = command_read
         self.grant = Grant.parse(manifest.permissions.network)
-        #: Read by ``runtime.calls``: calls carry their principal here.
-        self.per_principal = manifest.server.per_principal
         self.max_line_bytes = max(self.limits.max_output_bytes, self.limits.max_notification_bytes) + 65536
         self.groups: dict[str, Group] = {}
         self.closed = False
@@ -138,19 +92,15 @@ class HostedRunner:
         #: Set by the daemon: the server listed different tools (``list_changed``).
         self.on_tools_changed: Callable[[list[wire.ToolSpec]], None] | None = None
         self._drain: trio.Event | None = None
-        self._watch_wake = trio.Event()
-        self._watch_at = math.inf
-        self._watchdog_started = False
+        self.watchdog = DeadlineWatchdog(self._running, self._ask_timed_out, self._timed_out)
 
     # -- the pool interface (``runtime.calls``) --------------------------------------------------
 
-    @property
-    def queue(self) -> list[HostedSlot]:
-        return [s for g in self.groups.values() for s in g.queue]
+    def queued(self) -> int:
+        return sum(len(g.queue) for g in self.groups.values())
 
-    @property
-    def workers(self) -> list[Instance]:
-        return [i for g in self.groups.values() for i in g.instances if not i.dead]
+    def alive(self) -> int:
+        return sum(1 for g in self.groups.values() for i in g.instances if not i.dead)
 
     async def start(self) -> wire.Ready:
         """Start the shared group's first instance (it lists the tools), then the rest in the background."""
@@ -159,21 +109,21 @@ class HostedRunner:
         first = Instance(self, group)
         self.tools = await first.start()
         group.instances.append(first)
-        if not self._watchdog_started:
-            self._watchdog_started = True
-            self.nursery.start_soon(self._watchdog)
+        self.watchdog.start(self.nursery)
         if not self.spec.describe_only:
             for _ in range(self.server.instances - 1):
                 self._spawn(group)
         return wire.Ready(first.server_pid, self.tools, layers=self.layers)
 
     def new_slot(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
-                 on_event: Callable[[Any], None] | None, on_done: Callable[[Any], None] | None = None,
-                 principal: str | None = None) -> HostedSlot:
-        # ``arguments`` came from JSON and go back to JSON: nothing to check here.
-        return HostedSlot(tool, arguments, progress, log_level, on_event, on_done, principal)
+                 on_event: EventSink | None, on_done: Callable[[CallSlot], None] | None = None,
+                 principal: str | None = None) -> CallSlot:
+        # ``arguments`` came from JSON and go back to JSON: nothing to encode here. The principal
+        # matters only to a server with instances per principal.
+        return CallSlot(wire.Call(0, tool, arguments, progress, log_level), on_event=on_event, on_done=on_done,
+                        principal=principal if self.server.per_principal else None)
 
-    def submit(self, slot: HostedSlot) -> None:
+    def submit(self, slot: CallSlot) -> None:
         if self.closed or self.retiring:
             raise WorkerFailure("unavailable", f"plugin {self.name} is shutting down")
         group = self._group(slot.principal)
@@ -187,7 +137,7 @@ class HostedRunner:
         group.queue.append(slot)
         self._dispatch(group)
 
-    def withdraw(self, slot: HostedSlot) -> None:
+    def withdraw(self, slot: CallSlot) -> None:
         """The client cancelled: nothing more is reported; a running call is cancelled at the server."""
         if slot.finished:
             return
@@ -196,8 +146,8 @@ class HostedRunner:
         instance = slot.instance
         if slot.asking is not None:
             # The server's question to this call's client stays unanswered no more: the server hears so.
-            _, server_id, asked = slot.asking
-            slot.asking = None
+            server_id, asked = slot.server_request
+            slot.asking = slot.server_request = None
             asked.send({"jsonrpc": "2.0", "id": server_id,
                         "error": error_object(InternalError("the call was cancelled by the client"))})
         if instance is not None and not instance.dead and slot.request_id in instance.pending:
@@ -247,7 +197,7 @@ class HostedRunner:
         for instance in instances:
             if not instance.dead:
                 instance.fail(error)
-        self._watch_wake.set()
+        self.watchdog.stop()
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -355,7 +305,7 @@ class HostedRunner:
         if not group.key or group.queue:
             self._spawn(group)
 
-    def complete(self, slot: HostedSlot) -> None:
+    def complete(self, slot: CallSlot) -> None:
         if slot.finished:
             return
         if slot.instance is not None:
@@ -371,7 +321,7 @@ class HostedRunner:
         if not self.in_flight and self._drain is not None:
             self._drain.set()
 
-    def relay(self, slot: HostedSlot, frame: Any, size: int) -> None:
+    def relay(self, slot: CallSlot, frame: Any, size: int) -> None:
         """One progress or log notification of ``slot``, within the call's budget (as ``WorkerPool._relay``)."""
         try:
             if type(frame) is wire.Log:
@@ -382,7 +332,7 @@ class HostedRunner:
             return
         if slot.on_event is None:
             return
-        frame = worker_frames.within_budget(slot, frame, size, self.limits, self.name, slot.tool)
+        frame = worker_frames.within_budget(slot, frame, size, self.limits, self.name, slot.call.tool)
         if frame is not None:
             slot.on_event(frame)
 
@@ -404,11 +354,9 @@ class HostedRunner:
             except Exception as exc:  # our bug; the server keeps serving
                 log("internal_error", level="error", where="hosted tools changed", error=f"{type(exc).__name__}: {exc}")
 
-    # -- deadlines -----------------------------------------------------------------------------
-
     # -- the server's questions (elicitation, sampling, roots) during a call ------------------------
 
-    def ask(self, slot: HostedSlot, instance: Instance, server_id: Any, method: str, params: dict[str, Any]) -> None:
+    def ask(self, slot: CallSlot, instance: Instance, server_id: Any, method: str, params: dict[str, Any]) -> None:
         """The server asks, during ``slot``'s call, what a tool would ask: the call's client is asked
         (``CallDispatcher.answer`` brings the answer back to ``answer``); the deadline stops meanwhile."""
         def refuse(message: str) -> None:
@@ -424,22 +372,22 @@ class HostedRunner:
         ask = wire.Ask(slot.request_id, [wire.InputRequest(f"ask-{slot.asks}", method, params)])
         now = trio.current_time()
         slot.run_left_s = max(0.0, slot.deadline - now)
-        slot.asking = (ask, server_id, instance)
+        slot.asking = ask
+        slot.server_request = (server_id, instance)
         slot.deadline = now + limits.ask_timeout_s
-        self.wake_watchdog(slot.deadline)
+        self.watchdog.wake(slot.deadline)
         slot.on_event(ask)
 
-    def answer(self, slot: HostedSlot, responses: list[wire.InputResponse], missing: str = "error",
+    def answer(self, slot: CallSlot, responses: list[wire.InputResponse], missing: str = "error",
                why: str = "the client gave no answer", to: wire.Ask | None = None) -> bool:
         """The client's answer to the server's question (see ``WorkerPool.answer``), sent to the server."""
-        if slot.asking is None or slot.finished:
+        ask = slot.asking
+        if ask is None or slot.finished or (to is not None and to is not ask):
             return False
-        ask, server_id, instance = slot.asking
-        if to is not None and to is not ask:
-            return False
-        slot.asking = None
+        server_id, instance = slot.server_request
+        slot.asking = slot.server_request = None
         slot.deadline = trio.current_time() + slot.run_left_s
-        self.wake_watchdog(slot.deadline)
+        self.watchdog.wake(slot.deadline)
         key = ask.requests[0].key
         response = next((r for r in responses if r.key == key), None) or wire.InputResponse(key, missing, message=why)
         if response.outcome == "result" and isinstance(response.result, dict):
@@ -451,34 +399,23 @@ class HostedRunner:
         return True
 
     def wake_watchdog(self, deadline: float) -> None:
-        """A deadline was set: wake the watchdog if it would sleep past it (or is mid-pass)."""
-        if deadline < self._watch_at:
-            self._watch_wake.set()
+        """A deadline was set (``Instance.call``)."""
+        self.watchdog.wake(deadline)
 
-    async def _watchdog(self) -> None:
-        while not self.closed:
-            # A pass can start calls (an expired call's slot goes to the next queued one) and so set
-            # deadlines the pass may not see: while it runs, any new deadline sets this pass's event,
-            # and the loop goes round again at once (it used to compare with the expired ``_watch_at``
-            # and then replace the event, so that call had no deadline at all).
-            self._watch_wake = trio.Event()
-            self._watch_at = math.inf
-            now = trio.current_time()
-            nearest = math.inf
-            for group in list(self.groups.values()):
-                for instance in list(group.instances):
-                    for slot in list(instance.pending.values()):
-                        if slot.deadline <= now and slot.asking is not None:
-                            # The question found no answer in time: the server hears so and goes on.
-                            self.answer(slot, [], "timeout",
-                                        f"the client did not answer within {self.limits.ask_timeout_s:g} s")
-                            nearest = min(nearest, slot.deadline)
-                        elif slot.deadline <= now:
-                            instance.cancel(slot, "timed out")
-                            slot.error = WorkerFailure("timeout", f"timed out after {self.limits.timeout_s:g} s")
-                            self.complete(slot)
-                        else:
-                            nearest = min(nearest, slot.deadline)
-            self._watch_at = nearest
-            with trio.move_on_at(nearest):
-                await self._watch_wake.wait()
+    def _running(self) -> Iterator[tuple[CallSlot, Instance]]:
+        for group in list(self.groups.values()):
+            for instance in list(group.instances):
+                for slot in list(instance.pending.values()):
+                    yield slot, instance
+
+    def _ask_timed_out(self, slot: CallSlot, instance: Instance) -> None:
+        # The question found no answer in time: the server hears so and goes on.
+        self.answer(slot, [], "timeout", f"the client did not answer within {self.limits.ask_timeout_s:g} s")
+
+    def _timed_out(self, slot: CallSlot, instance: Instance) -> None:
+        if slot.finished:
+            return  # ended earlier in this pass
+        instance.cancel(slot, "timed out")
+        slot.error = WorkerFailure("timeout", f"timed out after {self.limits.timeout_s:g} s")
+        self.complete(slot)
+
