@@ -9,11 +9,12 @@ exception while handling one fails the running call and recycles the worker, nev
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import msgspec
 import trio
 
+from runtime.egress_rules import Grant
 from runtime.execution.child import ChildProcess, explain_exit, spawn_child
 from runtime.execution.runner import CallSlot, PluginLoadError
 from runtime.logs import log
@@ -24,9 +25,6 @@ from runtime.worker_frames import FrameRejected
 from sandbox import wire
 from sandbox.isolation import cgroups
 
-if TYPE_CHECKING:  # only for annotations: the pool imports this module
-    from runtime.execution.pool import WorkerPool
-
 START_TIMEOUT_S = 20.0
 #: Room for a frame's envelope beyond the plugin's output cap.
 FRAME_OVERHEAD = 64 * 1024
@@ -36,12 +34,14 @@ FRAMES_PER_CHECKPOINT = 256
 
 
 class WorkerEvents(Protocol):
-    """What a worker's reader tells its pool."""
+    """The pool as its workers see it: where their tasks run, and what their readers tell it."""
 
     name: str
     limits: wire.Limits
     closed: bool
     restarts: int
+    nursery: trio.Nursery
+    grant: Grant
 
     def result(self, worker: Any, head: CallSlot, msg: wire.Result) -> None: ...
     def relay(self, slot: CallSlot, msg: Any, size: int) -> None: ...
@@ -90,7 +90,7 @@ class ProcessWorkers:
             describe_only=self.spec.describe_only,
         )
 
-    async def start(self, pool: WorkerPool) -> tuple[Worker, wire.Ready]:
+    async def start(self, pool: WorkerEvents) -> tuple[Worker, wire.Ready]:
         """Start one worker (the daemon's spare interpreter if it fits, see ``runtime.spares``) and
         wait for its ``Ready``; its reader and watcher run in the pool's nursery. Raises
         ``PluginLoadError``."""
@@ -102,7 +102,7 @@ class ProcessWorkers:
             if keeper is not None:
                 keeper.restock()  # the next spare starts now, not while this one was starting
 
-    async def _start(self, pool: WorkerPool, child: ChildProcess, env: dict[str, str]) -> tuple[Worker, wire.Ready]:
+    async def _start(self, pool: WorkerEvents, child: ChildProcess, env: dict[str, str]) -> tuple[Worker, wire.Ready]:
         worker = Worker(child, pool.limits.max_output_bytes + FRAME_OVERHEAD)
         nursery = pool.nursery
         nursery.start_soon(worker.watch, worker.proc.stdout, lambda: _exited(pool, worker))
