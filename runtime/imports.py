@@ -494,13 +494,12 @@ def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
         return 2
     path, manifest = found[0]
     try:
-        record = approvals.load(cfg.state_dir).get(approvals.key(path))
+        more = approvals.differences(manifest, path, cfg.state_dir)
     except approvals.ApprovalsError as exc:
         print(f"toolcell approve: {exc}", file=sys.stderr)
         return 2
     print("\n".join(approvals.describe(manifest)))
-    if record is not None:
-        more = approvals.exceeds(approvals.grants(manifest), record["grants"])
+    if more is not None:
         print("  beyond its last approval: " + ("; ".join(more) if more else "nothing"))
     if not Asker(args.yes).confirm(f"Approve {manifest.name} with these permissions?"):
         return 1

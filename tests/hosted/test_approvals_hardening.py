@@ -64,7 +64,7 @@ def test_an_env_name_moving_from_set_to_allow_asks_for_more() -> None:
     moved = approvals.grants(manifest(env={"allow": ["API_KEY", "TZ"]}))
     assert approvals.exceeds(moved, ok) == ["env API_KEY: a fixed value -> the daemon's own value (env.allow)"]
     # The other way round asks for nothing: a fixed value carries none of the daemon's.
-    assert approvals.exceeds(approvals.grants(manifest(env={"set": {"TZ": "UTC", "API_KEY": "x"}})), ok) == []
+    assert approvals.exceeds(approvals.grants(manifest(env={"set": {"TZ": "UTC", "API_KEY": "dummy"}})), ok) == []
 
 
 def test_an_old_merged_env_approval_counts_as_fixed_values_only(tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_an_old_merged_env_approval_counts_as_fixed_values_only(tmp_path: Path) 
     ({"server": {"package": "npm:x@1.0.0", "args": ["/"]}}, "server.args: [] -> ['/']"),
     ({"server": {"package": "npm:x@1.0.0", "bin": "other"}}, "server.bin: '' -> 'other'"),
     ({"server": {"package": "npm:x@1.0.0", "instances": 8}}, "server.instances: 1 -> 8"),
-    ({"server": {"package": "npm:x@1.0.0", "per_principal": True}}, "server.per_principal: false -> true"),
+    ({"server": {"package": "npm:x@1.0.0", "per_principal": True}}, "server.per_principal: false -> true (up to 16 principals start servers of their own)"),
     ({"kind": "plugin", "server": None, "entry": "m", "dependencies": ["requests"]}, "+ dependency requests"),
     ({"kind": "plugin", "server": None, "entry": "m", "allow_source_builds": True},
      "allow_source_builds: false -> true"),
