@@ -256,7 +256,8 @@ def _isolation(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
         return []  # a server brings its own processes (``runtime.hosted``): isolation is always "pooled"
     # Not recorded: approved before it was compared, so only the narrowest counts as approved.
     old = approved.get("isolation")
-    if old in _ISOLATION and _ISOLATION.index(asked["isolation"]) <= _ISOLATION.index(old):
+    least = old if old in _ISOLATION else _ISOLATION[0]
+    if _ISOLATION.index(asked["isolation"]) <= _ISOLATION.index(least):
         return []
     return [f"isolation: {old!r} -> {asked['isolation']!r} (callers share the module state of one process)"
             if old is not None else f"isolation: {UNRECORDED} -> {asked['isolation']!r}"]
