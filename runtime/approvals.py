@@ -6,14 +6,22 @@ written atomically). Only those commands write it; the daemon only reads it. No 
 no tool reaches it: a worker cannot write the state dir (Landlock, a read-only mount view, another
 uid), and nothing in the MCP conversation touches approvals.
 
-Approvals are kept per plugin folder (its real path). Every load of a plugin with a recorded approval -- at start and at every hot reload -- compares its
-manifest with the record (``check``). A manifest that asks for more (a path outside the approved
-ones, a new network entry or environment variable, a variable copied from the daemon's environment
-that was approved as a fixed value, a higher limit, a different server package, command, executable
-or arguments, more server instances or instances per principal, a new dependency, source builds, a
-different name or prefix) is refused with the difference; on a hot reload the approved version keeps
-serving and the difference is reported (``plugin_reload_failed``, ``toolcell list``) until
-``toolcell approve NAME``.
+Approvals are kept per plugin folder (its real path). Every load of a plugin with a recorded approval
+-- at start and at every hot reload -- compares its manifest with the record (``check``). ``FIELDS``
+classifies every manifest field: covered by the approval, with the change that widens it (what the
+plugin can reach, run, consume, or who shares its state: a path outside the approved ones, a new
+network entry, dependency or environment variable, a changed fixed value of one, a higher limit,
+another package, command or argument, ``per_principal`` turned off, ``isolation`` from "per_call" to
+"pooled", a different name or prefix, ...), or not security-relevant, with why. A change in the
+widening direction is refused with the difference; the opposite change loads. On a hot reload the
+approved version keeps serving and the difference is reported (``plugin_reload_failed``, ``toolcell
+list``) until ``toolcell approve NAME``. A test fails when a manifest field is not in ``FIELDS``.
+
+Fixed environment values (``env.set``) are recorded only as HMAC-SHA256 digests under a random key
+kept beside the file (``approvals.key``, 0600): the record never holds a secret in plaintext, and a
+changed value is seen without showing either value. A record written before a field was compared
+counts as approving that field at its narrowest, so a plugin asking more is approved once more (its
+reason says so).
 
 Paths are compared as the sandbox applies them, resolved (``realpath``); where each approved path
 led is recorded with it. A path with ``..`` or a symlink in it is approved only as exactly that
@@ -360,7 +368,11 @@ def describe(manifest: Manifest) -> list[str]:
         lines.append(f"  runs:     {runs}")
         s = manifest.server or _NO_SERVER
         lines.append(f"  server:   {s.instances} instance(s)"
-                     + (f" per principal, up to {s.max_principals} principals" if s.per_principal else ""))
+                     + (f" per principal, up to {s.max_principals} principals" if s.per_principal
+                        else ", shared by every principal (their calls reach the same server state)"))
+    else:
+        lines.append("  calls:    " + ("each in a fresh process" if manifest.isolation == "per_call" else
+                                       "pooled: one process serves many callers, who share its module state"))
     if g["dependencies"]:
         lines.append(f"  installs: {', '.join(g['dependencies'])}"
                      + (" (may build from source, with network to the package index)" if g["allow_source_builds"]

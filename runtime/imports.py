@@ -15,6 +15,9 @@
   given with ``--read/--write/--net NAME=VALUE``.
 * ``approve NAME`` shows a plugin's grants (and what it asks beyond its last approval) and records them.
 
+A folder is put together in the state dir (outside every plugins folder, so no daemon serves it while a
+person is asked), and moved into its plugins folder with one rename only once the approval is recorded.
+
 Nothing here runs untrusted code: installs go through ``runtime.installer`` (wheels only, no npm
 scripts), and every name from a config file is checked before it becomes a folder, a package or an
 argument (``runtime.server_spec``).
