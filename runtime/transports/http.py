@@ -179,8 +179,13 @@ class HttpApp:
         a call's coroutine is awaited by ``_serve`` directly, not through one frame per check.
         ``take_body``: the whole body if the server already has it (else None: read ``receive``)."""
         if path != self.path:
-            if path == "/healthz" and method in ("GET", "HEAD"):
-                return self._healthz(r)
+            if method in ("GET", "HEAD"):
+                if path == "/healthz":
+                    return self._healthz(r)
+                if path == "/readyz":
+                    return self._readyz(r)
+                if path == "/livez":
+                    return r.body(200, b'{"status":"alive"}', headers=[(b"cache-control", b"no-store")])
             return r.body(404, b"Not Found\n", b"text/plain")
         if headers.size > self.cfg.max_header_bytes:
             # hypercorn caps only heads that arrive in pieces; this catches one that came whole.
@@ -223,9 +228,22 @@ class HttpApp:
             return False
         return self.any_host or _host_name(rest) in self.hosts
 
+    @property
+    def ready(self) -> bool:
+        """Whether a balancer should send this daemon requests: its catalog is loaded and it is not
+        shutting down. The one flag ``/readyz`` and ``/healthz`` report."""
+        return self.daemon.ready and not self.shutting_down
+
+    async def _readyz(self, r: Responder) -> None:
+        """Readiness (Kubernetes' readinessProbe, a balancer's check): 200 while ``ready``, else 503.
+        Liveness is ``/livez``: 200 whenever the server answers, starting and draining included."""
+        ready = self.ready
+        await r.body(200 if ready else 503, b'{"ready":true}' if ready else b'{"ready":false}',
+                     headers=[(b"cache-control", b"no-store")])
+
     async def _healthz(self, r: Responder) -> None:
         daemon = self.daemon
-        ready = daemon.ready and not self.shutting_down
+        ready = self.ready
         status = "ready" if ready else ("stopping" if self.shutting_down else "starting")
         body = rpc.encode({"status": status, "tools": len(daemon.catalog), "plugins": len(daemon.plugins),
                            "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight})

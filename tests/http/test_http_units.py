@@ -4,6 +4,7 @@ listen-address parsing, token hashing and scopes, the HTTP config checks."""
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -183,3 +184,23 @@ def test_the_http_config_is_checked_and_every_problem_is_reported_at_once() -> N
     for fragment in ("http.path", "sha256", "principal must not be empty", "metrics_listen"):
         assert fragment in str(checked.value)
     assert check_http_config(HttpConfig()) == []
+
+
+def test_tokens_from_a_tokens_file_are_added_to_those_in_the_config(tmp_path: Path) -> None:
+    from runtime.config import ConfigError, load_config
+
+    secret = tmp_path / "tokens.toml"
+    secret.write_text(f'[[tokens]]\nprincipal = "ci"\nsha256 = "{"b" * 64}"\nscopes = ["plugin:mathkit"]\n')
+    inline = {"principal": "ops", "sha256": "a" * 64}
+    cfg = load_config(None, {"http": {"tokens": [inline], "tokens_file": str(secret)}})
+    assert [(t.principal, t.scopes) for t in cfg.http.tokens] == [("ops", ["*"]), ("ci", ["plugin:mathkit"])]
+    auth = Authenticator(cfg.http)
+    assert auth.enabled
+    secret.write_text('[[tokens]]\nprincipal = "ci"\nsha256 = "short"\n')
+    with pytest.raises(ConfigError, match=r"http.tokens\[0\].sha256 must be 64 lowercase hex"):
+        load_config(None, {"http": {"tokens_file": str(secret)}})
+    secret.write_text('listen = "0.0.0.0:1"\n')
+    with pytest.raises(ConfigError, match="expected only \\[\\[tokens\\]\\] tables"):
+        load_config(None, {"http": {"tokens_file": str(secret)}})
+    with pytest.raises(ConfigError, match="tokens_file .*missing.toml: No such file"):
+        load_config(None, {"http": {"tokens_file": str(tmp_path / "missing.toml")}})
