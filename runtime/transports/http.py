@@ -203,8 +203,13 @@ class HttpApp:
             return self._plain_error(r, 400, f"Bad Request: the {_header_title(headers.duplicate)} header "
                                      "appears more than once; send it once", [(b"connection", b"close")])
         if path != self.path:
-            if path == "/healthz" and method in ("GET", "HEAD"):
-                return self._healthz(r)
+            if method in ("GET", "HEAD"):
+                if path == "/healthz":
+                    return self._healthz(r)
+                if path == "/readyz":
+                    return self._readyz(r)
+                if path == "/livez":
+                    return r.body(200, b'{"status":"alive"}', headers=[(b"cache-control", b"no-store")])
             if path in self._metadata_paths and method in ("GET", "HEAD", "OPTIONS"):
                 return self._resource_metadata(r, method)
             return r.body(404, b"Not Found\n", b"text/plain")
@@ -307,9 +312,22 @@ class HttpApp:
             return False
         return self.any_host or _host_name(rest) in self.hosts
 
+    @property
+    def ready(self) -> bool:
+        """Whether a balancer should send this daemon requests: its catalog is loaded and it is not
+        shutting down. The one flag ``/readyz`` and ``/healthz`` report."""
+        return self.daemon.ready and not self.shutting_down
+
+    async def _readyz(self, r: Responder) -> None:
+        """Readiness (Kubernetes' readinessProbe, a balancer's check): 200 while ``ready``, else 503.
+        Liveness is ``/livez``: 200 whenever the server answers, starting and draining included."""
+        ready = self.ready
+        await r.body(200 if ready else 503, b'{"ready":true}' if ready else b'{"ready":false}',
+                     headers=[(b"cache-control", b"no-store")])
+
     async def _healthz(self, r: Responder) -> None:
         daemon = self.daemon
-        ready = daemon.ready and not self.shutting_down
+        ready = self.ready
         status = "ready" if ready else ("stopping" if self.shutting_down else "starting")
         body = rpc.encode({"status": status, "tools": len(daemon.catalog), "plugins": len(daemon.plugins),
                            "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight})
