@@ -77,12 +77,35 @@ def _start(tree: Path, tmp: Path, name: str, env: dict[str, str]) -> tuple[subpr
     raise RuntimeError(f"{name} did not start:\n{log.read_text(errors='replace')}")
 
 
-def _bench(url: str, seconds: float, concurrency: int) -> float:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds used so far by the daemon and every process under it (its workers)."""
+    import psutil
+
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+WARMUP_S = 1.0
+
+
+def _bench(url: str, pid: int, seconds: float, concurrency: int) -> tuple[float, float]:
+    """(calls/s, server CPU µs per call: the daemon and its workers, over warm-up and measurement)."""
+    before = _cpu_s(pid)
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run([sys.executable, "-m", "runtime.cli", "bench", url, "--token", TOKEN, "--tool", "echo",
-                        "--args", '{"text": "hi"}', "-c", str(concurrency), "-d", str(seconds), "--warmup", "1",
-                        "--no-ceiling", "-q", "--json", out.name], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-        return float(json.loads(Path(out.name).read_bytes())["summary"][0]["calls_per_s"])
+                        "--args", '{"text": "hi"}', "-c", str(concurrency), "-d", str(seconds), "--warmup",
+                        str(WARMUP_S), "--no-ceiling", "-q", "--json", out.name], check=True, cwd=REPO,
+                       stdout=subprocess.DEVNULL)
+        rate = float(json.loads(Path(out.name).read_bytes())["summary"][0]["calls_per_s"])
+    used = _cpu_s(pid) - before
+    return rate, used / max(1.0, rate * (seconds + WARMUP_S)) * 1e6
 
 
 def main() -> int:
@@ -104,26 +127,30 @@ def main() -> int:
             servers["traces off"] = _start(REPO, tmp, "off", {})
             servers["traces on"] = _start(REPO, tmp, "on", {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
                                                              "OTEL_SERVICE_NAME": "toolcell-bench"})
-            runs: dict[str, list[float]] = {name: [] for name in servers}
+            runs: dict[str, list[tuple[float, float]]] = {name: [] for name in servers}
             for _ in range(args.repeat):
-                for name, (_, url) in servers.items():
-                    runs[name].append(_bench(url, args.seconds, args.concurrency))
+                for name, (proc, url) in servers.items():
+                    runs[name].append(_bench(url, proc.pid, args.seconds, args.concurrency))
         finally:
             for proc, _ in servers.values():
                 proc.terminate()
                 proc.wait(timeout=30)
             sink.server.shutdown()
             sink.server.server_close()
-    base = statistics.median(runs["traces off"])
+    base = statistics.median(r for r, _ in runs["traces off"])
+    base_cpu = statistics.median(c for _, c in runs["traces off"])
     print(f"# tracing_bench: HTTP c={args.concurrency}, {args.repeat} rounds x {args.seconds:g} s, daemons in turn; "
           f"Python {platform.python_version()}, {os.cpu_count()} cores; {sink.bytes:,} bytes of spans exported")
     sep = " | " if args.markdown else "  "
-    print(sep.join(["daemon", "calls/s (median)", "vs traces off", "runs"]))
+    print(sep.join(["daemon", "calls/s (median)", "vs traces off", "server CPU µs/call (median)", "vs traces off",
+                    "calls/s runs"]))
     if args.markdown:
-        print("|".join(["---"] * 4))
+        print("|".join(["---"] * 6))
     for name, values in runs.items():
-        median = statistics.median(values)
-        print(sep.join([name, f"{median:,.0f}", f"{median / base:.3f}", ", ".join(f"{v:,.0f}" for v in values)]))
+        median = statistics.median(r for r, _ in values)
+        cpu = statistics.median(c for _, c in values)
+        print(sep.join([name, f"{median:,.0f}", f"{median / base:.3f}", f"{cpu:,.0f}", f"{cpu / base_cpu:.3f}",
+                        ", ".join(f"{r:,.0f}" for r, _ in values)]))
     return 0
 
 
