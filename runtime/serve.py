@@ -13,6 +13,7 @@ Under systemd (``deploy/systemd/``) the daemon says ``READY=1`` once every liste
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from functools import partial
@@ -115,6 +116,9 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
 
             metrics = Metrics(daemon)
             daemon.call_hooks.append(metrics.hook)
+        tracer = _tracing()
+        if tracer is not None:
+            daemon.calls.tracer = tracer
         shutdown = trio.Event()
         urls: list[str] = []
         try:
@@ -152,7 +156,42 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
         finally:
             if audit is not None:
                 audit.close()
+            if tracer is not None:
+                daemon.calls.tracer = None
+                await trio.to_thread.run_sync(tracer.shutdown)  # flushes what is left to the collector
             logs.log("stopped")
+
+
+def tracing_wanted() -> bool:
+    """Whether the standard ``OTEL_*`` environment asks for traces: ``OTEL_TRACES_EXPORTER`` naming
+    an exporter, or an OTLP endpoint set; never with ``OTEL_SDK_DISABLED=true``."""
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return exporter != "none"
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def _tracing() -> Any:
+    """The daemon's tracer when the ``OTEL_*`` environment asks for traces, else None."""
+    if not tracing_wanted():
+        return None
+    try:
+        # Lazy: OpenTelemetry is an optional extra (toolcell[otel]), imported only when traces are on.
+        from runtime.tracing import Tracing
+    except ImportError as exc:
+        logs.log("tracing_unavailable", level="warning", error=f"the OTEL_* environment asks for traces, but "
+                 f"{exc.name or 'opentelemetry'} is not installed: pip install 'toolcell[otel]'")
+        return None
+    from runtime.workers import PHASES  # lazy like the daemon itself (see serve)
+
+    PHASES.on = True  # the pools time each call's queue wait and worker round trip (the child spans)
+    tracer = Tracing()
+    logs.log("tracing", exporter="otlp", endpoint=os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+             or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318")
+    return tracer
 
 
 async def _serve_stdio(daemon: Any, shutdown: trio.Event, grace_s: float) -> None:

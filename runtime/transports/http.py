@@ -32,6 +32,7 @@ import trio
 
 from runtime.auth import Authenticator, Principal
 from runtime.oauth import AuthUnavailable, OAuthVerifier, TokenRefused, client_secret, metadata_paths
+from runtime.calls import TraceOrigin
 from runtime.clock import clock_reader
 from runtime.daemon import Daemon
 from runtime.http_config import HttpConfig
@@ -40,7 +41,17 @@ from runtime.protocol import eras
 from runtime.protocol import jsonrpc as rpc
 from runtime.connection import Answered, Connection, Deferred, Dispatched
 from runtime.running import NOWHERE
-from runtime.protocol.core import Batch, ConnState, Listen, Reply, Request, TaskRequest, ToolCall, requested_tool
+from runtime.protocol.core import (
+    Batch,
+    ConnState,
+    Listen,
+    Reply,
+    Request,
+    TaskRequest,
+    ToolCall,
+    requested_tool,
+    valid_traceparent,
+)
 from runtime.protocol.errors import (
     HeaderMismatch,
     HttpRefusal,
@@ -90,6 +101,16 @@ def _host_name(value: str) -> str:
         end = value.find("]")
         return value[: end + 1] if end > 0 else value
     return value.rsplit(":", 1)[0] if ":" in value else value
+
+
+def _trace_origin(headers: RequestHeaders, session_id: str | None) -> TraceOrigin:
+    """A request's W3C trace context headers (a malformed ``traceparent`` is ignored, as W3C says)."""
+    parent = headers.get(b"traceparent")
+    text = parent.decode("latin-1").strip() if parent is not None else None
+    if text is not None and not valid_traceparent(text):
+        text = None
+    state = headers.get(b"tracestate") if text is not None else None
+    return TraceOrigin(text, state.decode("latin-1")[:512] if state is not None else None, session_id, "tcp")
 
 
 def _header_title(name: bytes) -> str:
@@ -512,6 +533,8 @@ class HttpApp:
     async def _modern(self, r: Responder, headers: RequestHeaders, principal: Principal, req: Request,
                       id_bytes: bytes | None, can_sse: bool, receive: Receive) -> None:
         conn = self._connection(principal)
+        if self.daemon.calls.tracer is not None:
+            conn.origin = _trace_origin(headers, None)
         if req.method:
             if req.is_request and not req.modern:
                 return await self._refuse(r, InvalidParams(
@@ -599,6 +622,8 @@ class HttpApp:
         if isinstance(session, McpError):
             return self._refuse(r, session, id_bytes, modern=False)
         conn = session.conn
+        if self.daemon.calls.tracer is not None:  # this request's trace context (read when a call starts, now)
+            conn.origin = _trace_origin(headers, session.id)
         # Read once: the era choice already parsed it; only an early answer (an error, whose id
         # rule depends on the session's revision) is worded again for this session.
         if req is None or req.early is not None:
