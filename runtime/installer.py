@@ -46,11 +46,15 @@ from pathlib import Path
 
 import trio
 
+from runtime import plugin_files
 from runtime.logs import log
+from runtime.plugin_files import excerpt
 from runtime.server_spec import Package
 
 INSTALL_TIMEOUT_S = 600.0
 MARKER = "toolcell-env.json"
+#: A shipped lock larger than this is refused unread.
+MAX_LOCK_BYTES = 8 * 1024 * 1024
 PY_LOCK = "requirements.lock"
 NPM_LOCK = "package-lock.json"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -144,17 +148,17 @@ def _key(*parts: str) -> str:
     return h.hexdigest()[:32]
 
 
-def _read_lock(plugin_dir: str | None, name: str) -> str:
+async def _read_lock(plugin_dir: str | None, name: str) -> str:
+    """The lock ``name`` shipped in ``plugin_dir`` ('' when there is none), read as a hostile file
+    (``runtime.plugin_files``): a link, FIFO, device, folder, an empty or oversized file or one that
+    is not UTF-8 refuses the plugin with that reason."""
     if not plugin_dir:
         return ""
-    path = os.path.join(plugin_dir, name)
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read(8 << 20)
-    except (FileNotFoundError, IsADirectoryError):
-        return ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InstallError(f"cannot read {path}: {exc}") from None
+        text = await plugin_files.read_text_async(plugin_dir, name, MAX_LOCK_BYTES, empty_ok=False)
+    except plugin_files.PluginFileError as exc:
+        raise InstallError(exc.reason) from None
+    return text or ""
 
 
 _LOCK_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,100}[A-Za-z0-9])?")
@@ -246,9 +250,7 @@ def check_requirements_lock(text: str) -> list[Pinned]:
     start = 0
 
     def refuse(number: int, line: str, why: str) -> InstallError:
-        shown = line.strip()
-        shown = shown if len(shown) <= 120 else shown[:120] + "…"
-        return InstallError(f"{PY_LOCK} line {number} is refused ({why}): {shown!r}; a shipped lock may hold only "
+        return InstallError(f"{PY_LOCK} line {number} is refused ({why}): {excerpt(line.strip())}; a shipped lock may hold only "
                             "comments and pinned, hashed requirements (name==version --hash=sha256:...)")
 
     lines = text.split("\n")
@@ -280,7 +282,7 @@ def check_requirements_lock(text: str) -> list[Pinned]:
         stripped = line.strip()
         for token in stripped.split():
             if token.startswith("-") and not _LOCK_HASH.fullmatch(token):
-                raise refuse(number, line, f"the option {token.split('=')[0]} is not allowed")
+                raise refuse(number, line, f"the option {token.split('=')[0][:40]} is not allowed")
         if stripped.startswith("-"):
             raise refuse(number, line, "no requirement")
         if "#" in stripped:
@@ -302,7 +304,7 @@ def check_requirements_lock(text: str) -> list[Pinned]:
         for option in tail.split():
             h = _LOCK_HASH.fullmatch(option)
             if h is None:
-                raise refuse(number, line, f"the option {option.split('=')[0]} is not allowed")
+                raise refuse(number, line, f"the option {option.split('=')[0][:40]} is not allowed")
             hashes.append(h.group(1).lower())
         if not hashes:
             raise refuse(number, line, "no --hash=sha256:")
@@ -361,7 +363,7 @@ def check_npm_lock(text: str, package: Package, registries: tuple[str, ...] = (N
         raise InstallError(f"{NPM_LOCK} needs lockfileVersion 2 or 3 with \"packages\" (npm 7 or later)")
 
     def refuse(where: str, why: str) -> InstallError:
-        return InstallError(f"{NPM_LOCK} entry {where!r} is refused: {why}; a shipped lock may fetch only https "
+        return InstallError(f"{NPM_LOCK} entry {excerpt(where)} is refused: {why}; a shipped lock may fetch only https "
                             f"tarballs of the registry ({', '.join(bases) or 'none configured over https'}) "
                             "with their integrity")
 
@@ -369,15 +371,15 @@ def check_npm_lock(text: str, package: Package, registries: tuple[str, ...] = (N
         if not isinstance(integrity, str) or not integrity.split() or not all(_SRI.fullmatch(i) for i in integrity.split()):
             raise refuse(where, "no valid integrity")
         if not isinstance(version, str) or not _NPM_LOCK_VERSION.fullmatch(version) or not _NPM_LOCK_NAME.fullmatch(name):
-            raise refuse(where, f"{name!r} version {version!r} is not a registry package's name and version")
+            raise refuse(where, f"{excerpt(name)} version {excerpt(str(version))} is not a registry package's name and version")
         if resolved is None:
             return  # npm fetches name@version from its configured registry (omit-lockfile-registry-resolved)
         if not isinstance(resolved, str) or not resolved.startswith(bases):
-            raise refuse(where, f"resolved {resolved!r} is not an https tarball of the registry")
+            raise refuse(where, f"resolved {excerpt(str(resolved))} is not an https tarball of the registry")
         path = resolved[next(len(b) for b in bases if resolved.startswith(b)):]
         files = {f"{name.rsplit('/', 1)[-1]}-{version}.tgz", f"{name}-{version}.tgz"}
         if not any(path == f"{name}/-/{f}" for f in files):
-            raise refuse(where, f"resolved {resolved!r} is not the tarball of {name}@{version}")
+            raise refuse(where, f"resolved {excerpt(resolved)} is not the tarball of {name}@{version}")
 
     top = f"node_modules/{package.name}"
     for key, entry in packages.items():
@@ -510,7 +512,7 @@ async def python_requirements(requirements: list[str], state_dir: str, plugin_di
     """The environment for a plugin's requirements (installed now if needed); its ``site`` goes on
     the worker's ``sys.path``. ``source_builds``: resolve and install inside a sandbox, where source
     distributions may be built (``runtime.builds``). Raises ``InstallError``."""
-    shipped = _read_lock(plugin_dir, PY_LOCK)
+    shipped = await _read_lock(plugin_dir, PY_LOCK)
     checked = _checked_requirements_lock(shipped)  # before the ready check: a refused lock is refused every time
     normal = sorted({r.replace(" ", "") for r in requirements})
     key = _key("py", *normal, shipped, "source-builds" if source_builds else "wheels")
@@ -582,7 +584,7 @@ def _pick(names: list[str], wanted: str, package: Package) -> str:
 
 async def pypi_package(package: Package, state_dir: str, plugin_dir: str | None = None, bin_name: str = "") -> Installed:
     """A virtual environment holding ``package`` (wheels only, hashes pinned); argv runs its script."""
-    shipped = _read_lock(plugin_dir, PY_LOCK)
+    shipped = await _read_lock(plugin_dir, PY_LOCK)
     checked = _checked_requirements_lock(shipped, package)
     key = _key("pypi", str(package), shipped)
     envs = envs_dir(state_dir)
@@ -619,7 +621,7 @@ def node_exe() -> str:
 async def npm_package(package: Package, state_dir: str, plugin_dir: str | None = None, bin_name: str = "") -> Installed:
     """``package`` and its dependencies in ``node_modules`` (no install scripts, integrity pinned by
     ``package-lock.json``); argv runs its bin with the daemon's ``node``."""
-    shipped = _read_lock(plugin_dir, NPM_LOCK)
+    shipped = await _read_lock(plugin_dir, NPM_LOCK)
     envs = envs_dir(state_dir)
     if shipped:
         check_npm_lock(shipped, package, await _npm_registries(envs))
