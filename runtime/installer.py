@@ -86,13 +86,20 @@ def python_exe() -> str:
     return os.path.realpath(sys.executable)
 
 
+def which(name: str) -> str | None:
+    """``name`` on the daemon's PATH, absolute entries only: an empty or relative entry would find a
+    program in whatever directory the command was run from (a cloned repository's ``./npm``)."""
+    path = os.pathsep.join(p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(p))
+    return shutil.which(name, path=path)
+
+
 def uv_bin() -> str:
     try:
         from uv import find_uv_bin
 
         return str(find_uv_bin())
     except (ImportError, FileNotFoundError):
-        found = shutil.which("uv")
+        found = which("uv")
         if found is None:
             raise InstallError("uv is not installed (pip install uv)") from None
         return found
@@ -105,15 +112,45 @@ def _clean(text: str, limit: int = 2000) -> str:
     return text if len(text) <= limit else "…" + text[-limit:]
 
 
+#: Variables that would point an installer at configuration or a place other than the ones toolcell
+#: gives it (npm reads ``npm_config_*`` in any case).
+_CONFIG_PREFIXES = ("PYTHON", "VIRTUAL_ENV", "UV_PYTHON", "UV_CONFIG_FILE", "PIP_CONFIG_FILE")
+_NPM_PLACE = frozenset({"npm_config_prefix", "npm_config_location", "npm_config_global"})
+
+
 def _installer_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "UV_PYTHON"))}
+    """The environment of every npm and uv run: the daemon's, with what a known configuration needs.
+
+    What configures them is the daemon user's own setup -- uv's ``UV_*`` index variables, npm's
+    ``~/.npmrc``, its global config and ``npm_config_*`` variables -- and never a file of the directory
+    a command was started from: uv runs with ``--no-config`` and ``UV_NO_CONFIG`` (no ``uv.toml`` or
+    ``pyproject.toml`` is looked for), pip's config files are ``/dev/null``, and npm always runs in a
+    directory toolcell made (``_npm_dir`` or an environment's own), whose ``package.json`` stops npm's
+    search for a project ``.npmrc`` there."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_CONFIG_PREFIXES) and k.lower() not in _NPM_PLACE}
     # The machine's own trust store (an organisation's CA, a registry mirror's), not only uv's bundled roots.
     env.setdefault("UV_SYSTEM_CERTS", "1")
+    env["UV_NO_CONFIG"] = "1"
+    env["PIP_CONFIG_FILE"] = os.devnull
     env["npm_config_ignore_scripts"] = "true"
     env["npm_config_fund"] = "false"
     env["npm_config_audit"] = "false"
     env["npm_config_update_notifier"] = "false"
+    env["npm_config_workspaces"] = "false"  # no search upwards for a workspace root (and its .npmrc)
     return env
+
+
+class _npm_dir:  # noqa: N801 (a context manager named for what it gives)
+    """A fresh private directory to run npm in (with a ``package.json``, so it is npm's project root:
+    no ``.npmrc`` of the caller's directory or its parents is read), removed afterwards."""
+
+    def __enter__(self) -> str:
+        self.path = tempfile.mkdtemp(prefix="toolcell-npm-")
+        _write(os.path.join(self.path, "package.json"), '{"name": "toolcell-query", "private": true}\n')
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 async def _run(argv: list[str], cwd: str, what: str) -> str:
@@ -422,16 +459,17 @@ def check_npm_lock(text: str, package: Package, registries: tuple[str, ...] = (N
         legacy(data["dependencies"], "")
 
 
-async def _npm_registries(cwd: str) -> tuple[str, ...]:
+async def _npm_registries() -> tuple[str, ...]:
     """The registries a shipped npm lock may fetch from: npm's default and the configured one."""
     found = [NPM_REGISTRY]
     for var in ("npm_config_registry", "NPM_CONFIG_REGISTRY"):
         if os.environ.get(var):
             found.append(os.environ[var])
-    npm = shutil.which("npm")
+    npm = which("npm")
     if not _registry_cache and npm is not None:
         try:
-            out = await _run([npm, "config", "get", "registry"], cwd, "asking npm for its registry")
+            with _npm_dir() as cwd:
+                out = await _run([npm, "config", "get", "registry"], cwd, "asking npm for its registry")
             _registry_cache.append(out.strip())
         except InstallError:
             _registry_cache.append("")
@@ -612,7 +650,7 @@ async def pypi_package(package: Package, state_dir: str, plugin_dir: str | None 
 
 
 def node_exe() -> str:
-    found = shutil.which("node")
+    found = which("node")
     if found is None:
         raise InstallError("node is not installed (an npm package needs Node.js on the daemon's PATH)")
     return os.path.realpath(found)
@@ -624,7 +662,7 @@ async def npm_package(package: Package, state_dir: str, plugin_dir: str | None =
     shipped = await _read_lock(plugin_dir, NPM_LOCK)
     envs = envs_dir(state_dir)
     if shipped:
-        check_npm_lock(shipped, package, await _npm_registries(envs))
+        check_npm_lock(shipped, package, await _npm_registries())
     key = _key("npm", str(package), shipped)
     dest = os.path.join(envs, f"npm-{key}")
     if _ready(dest) is None:
@@ -634,7 +672,7 @@ async def npm_package(package: Package, state_dir: str, plugin_dir: str | None =
                 try:
                     manifest = {"name": "toolcell-hosted", "private": True, "dependencies": {package.name: package.version}}
                     _write(os.path.join(dest, "package.json"), json.dumps(manifest))
-                    npm = shutil.which("npm")
+                    npm = which("npm")
                     if npm is None:
                         raise InstallError("npm is not installed (needed for npm: packages)")
                     if shipped:
@@ -693,10 +731,11 @@ def lock_file(installed: Installed) -> tuple[str, str] | None:
 async def resolve_version(ecosystem: str, name: str) -> str:
     """The newest version of a package (for ``toolcell add`` given no version). Raises ``InstallError``."""
     if ecosystem == "npm":
-        npm = shutil.which("npm")
+        npm = which("npm")
         if npm is None:
             raise InstallError("npm is not installed")
-        out = await _run([npm, "view", "--json", "--", f"{name}@latest", "version"], os.getcwd(), f"looking up {name}")
+        with _npm_dir() as cwd:  # never the caller's directory: a cloned repository's .npmrc would choose the registry
+            out = await _run([npm, "view", "--json", "--", f"{name}@latest", "version"], cwd, f"looking up {name}")
         try:
             version = json.loads(out)
         except ValueError:
