@@ -117,11 +117,11 @@ class HostedRunner:
 
     def new_slot(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                  on_event: EventSink | None, on_done: Callable[[CallSlot], None] | None = None,
-                 principal: str | None = None) -> CallSlot:
+                 principal: str | None = None, trace: str = "") -> CallSlot:
         # ``arguments`` came from JSON and go back to JSON: nothing to encode here. The principal
         # matters only to a server with instances per principal.
-        return CallSlot(wire.Call(0, tool, arguments, progress, log_level), on_event=on_event, on_done=on_done,
-                        principal=principal if self.server.per_principal else None)
+        return CallSlot(wire.Call(0, tool, arguments, progress, log_level, trace), on_event=on_event,
+                        on_done=on_done, principal=principal if self.server.per_principal else None)
 
     def submit(self, slot: CallSlot) -> None:
         if self.closed or self.retiring:

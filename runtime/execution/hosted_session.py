@@ -354,6 +354,8 @@ class Instance:
         if call.progress:
             params["_meta"] = {"progressToken": request_id}
             self.progress_tokens[request_id] = slot
+        if call.traceparent:  # the call's span: the server's own spans join the trace (MCP's _meta.traceparent)
+            params.setdefault("_meta", {})["traceparent"] = call.traceparent
         slot.deadline = trio.current_time() + self.runner.limits.timeout_s
         self.runner.wake_watchdog(slot.deadline)
         self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})

@@ -258,9 +258,9 @@ class WorkerPool:
 
     def new_slot(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                  on_event: EventSink | None, on_done: Callable[[CallSlot], None] | None = None,
-                 principal: str | None = None) -> CallSlot:
+                 principal: str | None = None, trace: str = "") -> CallSlot:
         self._next_call_id += 1
-        call = wire.Call(self._next_call_id, tool, arguments, progress, log_level)
+        call = wire.Call(self._next_call_id, tool, arguments, progress, log_level, trace)
         # Encoding the frame raises here (OverflowError for integers beyond 64 bits, ...): an
         # unencodable argument fails its own call, before it is queued anywhere.
         return CallSlot(call, wire.encode_frame(call), on_event, on_done)

@@ -99,8 +99,8 @@ class Runner(Protocol):
 
     def new_slot(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                  on_event: EventSink | None, on_done: Callable[[CallSlot], None] | None = None,
-                 principal: str | None = None) -> CallSlot:
-        """A slot for one call (raises ``OverflowError``/``TypeError``/``ValueError`` for arguments
+                 principal: str | None = None, trace: str = "") -> CallSlot:
+        """A slot for one call, ``trace`` its W3C traceparent when traces are on (raises ``OverflowError``/``TypeError``/``ValueError`` for arguments
         that cannot travel)."""
 
     def submit(self, slot: CallSlot) -> None:
