@@ -96,6 +96,11 @@ class HostedRunner:
 
     # -- the pool interface (``runtime.calls``) --------------------------------------------------
 
+    @property
+    def workers(self) -> list[Instance]:
+        """The live instances, of every group."""
+        return [i for g in self.groups.values() for i in g.instances if not i.dead]
+
     def queued(self) -> int:
         return sum(len(g.queue) for g in self.groups.values())
 
