@@ -146,6 +146,14 @@ def truncate_progress(msg: wire.Progress, cap: int) -> wire.Progress:
     return wire.Progress(msg.id, msg.progress, msg.total, message)
 
 
+def check_notification(msg: wire.Progress | wire.Log) -> None:
+    """A progress or log frame, checked (raises ``FrameRejected``)."""
+    if type(msg) is wire.Log:
+        check_log(msg)
+    else:
+        check_progress(msg)  # type: ignore[arg-type]
+
+
 def within_budget(slot: Any, msg: Any, size: int, limits: wire.Limits, plugin: str, tool: str) -> Any:
     """The progress/log frame to relay for a call (``slot`` counts what it relayed: ``notes``,
     ``note_bytes``, ``notes_dropped``), or None when the call's budget is spent.

@@ -39,7 +39,7 @@ import trio
 from runtime import worker_frames
 from runtime.egress_rules import Grant
 from runtime.execution.hosted_session import Instance
-from runtime.execution.runner import CallSlot, EventSink, PluginLoadError
+from runtime.execution.runner import CallsInFlight, CallSlot, EventSink, PluginLoadError
 from runtime.execution.watchdog import DeadlineWatchdog
 from runtime.logs import log
 from runtime.processes import PoolSpec
@@ -65,7 +65,7 @@ class Group:
         self.last_error = ""
 
 
-class HostedRunner:
+class HostedRunner(CallsInFlight):
     """Runs the calls of one hosted server plugin (one version of it): see the module docstring."""
 
     def __init__(self, spec: PoolSpec, nursery: trio.Nursery, argv: list[str], command_read: list[str]) -> None:
@@ -91,7 +91,6 @@ class HostedRunner:
         self.tools: list[wire.ToolSpec] = []
         #: Set by the daemon: the server listed different tools (``list_changed``).
         self.on_tools_changed: Callable[[list[wire.ToolSpec]], None] | None = None
-        self._drain: trio.Event | None = None
         self.watchdog = DeadlineWatchdog(self._running, self._ask_timed_out, self._timed_out)
 
     # -- the pool interface (``runtime.calls``) --------------------------------------------------
@@ -144,10 +143,8 @@ class HostedRunner:
 
     def withdraw(self, slot: CallSlot) -> None:
         """The client cancelled: nothing more is reported; a running call is cancelled at the server."""
-        if slot.finished:
+        if not slot.abandon():
             return
-        slot.on_done = None
-        slot.on_event = None
         instance = slot.instance
         if slot.asking is not None:
             # The server's question to this call's client stays unanswered no more: the server hears so.
@@ -169,40 +166,28 @@ class HostedRunner:
     def abort_all(self, reason: str) -> None:
         error = WorkerFailure("unavailable", reason)
         for group in self.groups.values():
-            while group.queue:
-                slot = group.queue.popleft()
-                slot.error = error
-                self.complete(slot)
+            self._fail_queue(group, error)
             for instance in list(group.instances):
                 instance.fail(error)
-
-    async def retire(self) -> None:
-        self.retiring = True
-        try:
-            while self.in_flight:
-                self._drain = trio.Event()
-                await self._drain.wait()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self.aclose(grace_s=0)
 
     async def aclose(self, grace_s: float = 2.0) -> None:
         self.closed = True
         error = WorkerFailure("unavailable", f"plugin {self.name} was unloaded")
         for group in self.groups.values():
-            while group.queue:
-                slot = group.queue.popleft()
-                slot.error = error
-                self.complete(slot)
+            self._fail_queue(group, error)
         with trio.move_on_after(grace_s):
-            while self.in_flight:
-                self._drain = trio.Event()
-                await self._drain.wait()
+            await self._drained()
         instances = [i for g in self.groups.values() for i in g.instances]
         for instance in instances:
             if not instance.dead:
                 instance.fail(error)
         self.watchdog.stop()
+
+    def _fail_queue(self, group: Group, error: WorkerFailure) -> None:
+        while group.queue:
+            slot = group.queue.popleft()
+            slot.error = error
+            self.complete(slot)
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -271,11 +256,8 @@ class HostedRunner:
                 log("hosted_server_start_failed", level="error", plugin=self.name, stage=exc.stage,
                     error=exc.message, attempt=group.failures)
                 if not any(not i.dead for i in group.instances):
-                    error = WorkerFailure("unavailable", f"the server could not be started: {exc.message}")
-                    while group.queue:
-                        slot = group.queue.popleft()
-                        slot.error = error
-                        self.complete(slot)
+                    self._fail_queue(group, WorkerFailure("unavailable",
+                                                          f"the server could not be started: {exc.message}"))
                 return
             if self.closed or not self._current(group):  # unloaded, or the group was dropped
                 instance.fail(WorkerFailure("unavailable", f"plugin {self.name} was unloaded"))
@@ -321,25 +303,13 @@ class HostedRunner:
         if instance is not None and not self.closed:
             self._dispatch(instance.group)
 
-    def _release(self) -> None:
-        self.in_flight -= 1
-        if not self.in_flight and self._drain is not None:
-            self._drain.set()
-
     def relay(self, slot: CallSlot, frame: Any, size: int) -> None:
         """One progress or log notification of ``slot``, within the call's budget (as ``WorkerPool._relay``)."""
         try:
-            if type(frame) is wire.Log:
-                worker_frames.check_log(frame)
-            else:
-                worker_frames.check_progress(frame)
+            worker_frames.check_notification(frame)
         except FrameRejected:
             return
-        if slot.on_event is None:
-            return
-        frame = worker_frames.within_budget(slot, frame, size, self.limits, self.name, slot.call.tool)
-        if frame is not None:
-            slot.on_event(frame)
+        slot.relay(frame, size, self.limits, self.name)
 
     def tools_listed(self, instance: Instance, tools: list[wire.ToolSpec]) -> None:
         """``instance`` listed ``tools`` (at start-up or after ``list_changed``). Only the shared group's
@@ -375,12 +345,8 @@ class HostedRunner:
             return refuse(f"the call asked more than {limits.max_asks} questions (limits.max_asks)")
         # Numbered per call, so that a call run again from the start asks under the same keys.
         ask = wire.Ask(slot.request_id, [wire.InputRequest(f"ask-{slot.asks}", method, params)])
-        now = trio.current_time()
-        slot.run_left_s = max(0.0, slot.deadline - now)
-        slot.asking = ask
         slot.server_request = (server_id, instance)
-        slot.deadline = now + limits.ask_timeout_s
-        self.watchdog.wake(slot.deadline)
+        self.watchdog.pause_for_question(slot, ask, limits.ask_timeout_s)
         slot.on_event(ask)
 
     def answer(self, slot: CallSlot, responses: list[wire.InputResponse], missing: str = "error",
@@ -390,9 +356,8 @@ class HostedRunner:
         if ask is None or slot.finished or (to is not None and to is not ask):
             return False
         server_id, instance = slot.server_request
-        slot.asking = slot.server_request = None
-        slot.deadline = trio.current_time() + slot.run_left_s
-        self.watchdog.wake(slot.deadline)
+        slot.server_request = None
+        self.watchdog.resume_after_answer(slot)
         key = ask.requests[0].key
         response = next((r for r in responses if r.key == key), None) or wire.InputResponse(key, missing, message=why)
         if response.outcome == "result" and isinstance(response.result, dict):

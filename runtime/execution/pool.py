@@ -37,7 +37,7 @@ import trio
 
 from runtime.clock import clock_reader
 from runtime.egress_rules import Grant
-from runtime.execution.runner import CallSlot, EventSink, PluginLoadError
+from runtime.execution.runner import CallsInFlight, CallSlot, EventSink, PluginLoadError
 from runtime.execution.watchdog import DeadlineWatchdog
 from runtime.execution.worker import ProcessWorkers
 from runtime.logs import log
@@ -81,7 +81,7 @@ class WorkerFactory(Protocol):
         """A started worker and its ``Ready``. Raises ``PluginLoadError``."""
 
 
-class WorkerPool:
+class WorkerPool(CallsInFlight):
     """Pre-started workers for one plugin version; see the module docstring for the rules."""
 
     def __init__(self, spec: PoolSpec, nursery: trio.Nursery, factory: WorkerFactory | None = None) -> None:
@@ -108,7 +108,6 @@ class WorkerPool:
         self.limit_kills = 0
         self.start_failures = 0
         self.in_flight = 0
-        self._drain_event: trio.Event | None = None
         self._next_call_id = 0
         #: The plugin's network grant, enforced by each worker's egress proxy (the manifest check parsed it).
         self.grant = Grant.parse(spec.manifest.permissions.network)
@@ -316,11 +315,8 @@ class WorkerPool:
 
     def withdraw(self, slot: CallSlot) -> None:
         """The client cancelled ``slot``: nothing more is reported for it; if it runs, its worker dies."""
-        if slot.finished:
+        if not slot.abandon():
             return
-        slot.on_done = None
-        slot.on_event = None
-        slot.abandoned = True
         try:
             self.queue.remove(slot)
             self._release()
@@ -336,12 +332,6 @@ class WorkerPool:
         elif not owner.write(wire.encode_frame(wire.CancelCall(slot.call.id))):
             self.fail_worker(owner, WorkerFailure("crashed", "the worker process exited unexpectedly"))
 
-    async def _drained(self) -> None:
-        """Wait until no call given to this pool is left (queued, sent or running)."""
-        while self.in_flight:
-            self._drain_event = trio.Event()
-            await self._drain_event.wait()
-
     def _account(self, slot: CallSlot, run_ns: int) -> None:
         """Add a completed call's phases to the pool's totals (read by ``runtime.metrics``)."""
         if not slot.started_at or not slot.queued_at:
@@ -353,11 +343,6 @@ class WorkerPool:
         totals[1] += max(0.0, slot.started_at - slot.queued_at)
         totals[2] += service_s - worker_s
         totals[3] += worker_s
-
-    def _release(self) -> None:
-        self.in_flight -= 1
-        if not self.in_flight and self._drain_event is not None:
-            self._drain_event.set()
 
     def _complete(self, slot: CallSlot) -> None:
         self._release()
@@ -410,11 +395,7 @@ class WorkerPool:
             self._take_back(worker)
             if worker.dead:
                 return
-        now = trio.current_time()
-        slot.run_left_s = max(0.0, slot.deadline - now)
-        slot.asking = msg
-        slot.deadline = now + limits.ask_timeout_s
-        self.watchdog.wake(slot.deadline)
+        self.watchdog.pause_for_question(slot, msg, limits.ask_timeout_s)
         if slot.on_event is None:
             self.answer(slot, [], "cancelled", "the call is being cancelled")
             return
@@ -473,9 +454,7 @@ class WorkerPool:
         worker = self._owner(slot)
         if worker is None or not worker.pending or worker.pending[0] is not slot:
             return False
-        slot.asking = None
-        slot.deadline = trio.current_time() + slot.run_left_s
-        self.watchdog.poke()
+        self.watchdog.resume_after_answer(slot)
         try:
             frame = wire.encode_frame(wire.Answer(slot.call.id, ordered))
         except (OverflowError, TypeError, ValueError) as exc:  # the client's answer cannot travel as msgpack
@@ -527,15 +506,8 @@ class WorkerPool:
         ``max_output_bytes``; one over ``max_notification_bytes`` is truncated. Beyond the budget
         notifications are dropped (the reader keeps draining the worker, so nothing piles up here) and
         the log says so once per call."""
-        if type(msg) is wire.Log:
-            worker_frames.check_log(msg)
-        else:
-            worker_frames.check_progress(msg)
-        if slot.on_event is None:
-            return
-        msg = worker_frames.within_budget(slot, msg, size, self.limits, self.name, slot.call.tool)
-        if msg is not None:
-            slot.on_event(msg)
+        worker_frames.check_notification(msg)
+        slot.relay(msg, size, self.limits, self.name)
 
     # -- teardown ------------------------------------------------------------------------------
 
@@ -545,15 +517,6 @@ class WorkerPool:
         if worker in self.idle:
             self.idle.remove(worker)
         worker.kill()
-
-    async def retire(self) -> None:
-        """Let every call already given to this pool finish (each within its deadline), then close."""
-        self.retiring = True
-        try:
-            await self._drained()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self.aclose(grace_s=0)
 
     async def aclose(self, grace_s: float = 2.0) -> None:
         """Stop accepting calls, let in-flight ones finish for up to ``grace_s``, then kill all."""

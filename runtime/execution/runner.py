@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol
 import msgspec
 import trio
 
+from runtime import worker_frames
 from runtime.logs import log
 from runtime.protocol.errors import WorkerFailure
 from sandbox import wire
@@ -72,6 +73,24 @@ class CallSlot(msgspec.Struct, eq=False):
     instance: Any = None
     server_request: Any = None
 
+    def abandon(self) -> bool:
+        """Its client cancelled: nothing more is reported for it. False if it had ended already."""
+        if self.finished:
+            return False
+        self.on_done = None
+        self.on_event = None
+        self.abandoned = True
+        return True
+
+    def relay(self, frame: Any, size: int, limits: wire.Limits, plugin: str) -> None:
+        """Pass one checked progress/log frame to the call's client, within the call's budget
+        (``runtime.worker_frames.within_budget``: the call counts what it relayed)."""
+        if self.on_event is None:
+            return
+        frame = worker_frames.within_budget(self, frame, size, limits, plugin, self.call.tool)
+        if frame is not None:
+            self.on_event(frame)
+
     def finish(self) -> None:
         if self.finished:
             return
@@ -86,6 +105,39 @@ class CallSlot(msgspec.Struct, eq=False):
             log("internal_error", level="error", where="call completion", error=f"{type(exc).__name__}: {exc}")
         if self.event is not None:
             self.event.set()
+
+
+class CallsInFlight:
+    """The count of calls a runner was given and has not ended (queued, sent or running), and
+    ``retire``, which waits for it to reach zero. Shared by both kinds of runner."""
+
+    in_flight: int = 0
+    #: Set when a newer version replaced this runner: no new calls; queued and running ones finish.
+    retiring: bool = False
+    _drain_event: trio.Event | None = None
+
+    def _release(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight and self._drain_event is not None:
+            self._drain_event.set()
+
+    async def _drained(self) -> None:
+        """Wait until no call given to this runner is left."""
+        while self.in_flight:
+            self._drain_event = trio.Event()
+            await self._drain_event.wait()
+
+    async def aclose(self, grace_s: float = 2.0) -> None:
+        raise NotImplementedError
+
+    async def retire(self) -> None:
+        """Let every call already given finish (each within its deadline), then close."""
+        self.retiring = True
+        try:
+            await self._drained()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.aclose(grace_s=0)
 
 
 class Runner(Protocol):

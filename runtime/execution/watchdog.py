@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 import trio
 
 from runtime.execution.runner import CallSlot
+from sandbox import wire
 
 #: The calls whose deadline runs now, each with where it runs (a worker, an instance).
 Running = Callable[[], Iterable[tuple[CallSlot, Any]]]
@@ -48,6 +49,21 @@ class DeadlineWatchdog:
     def poke(self) -> None:
         """Look again now (a deadline moved later, or calls ended)."""
         self._wake.set()
+
+    def pause_for_question(self, slot: CallSlot, ask: wire.Ask, ask_timeout_s: float) -> None:
+        """``slot`` asks its client ``ask``: its deadline stops (what is left is kept) and the question
+        gets ``ask_timeout_s`` to be answered."""
+        now = trio.current_time()
+        slot.run_left_s = max(0.0, slot.deadline - now)
+        slot.asking = ask
+        slot.deadline = now + ask_timeout_s
+        self.wake(slot.deadline)
+
+    def resume_after_answer(self, slot: CallSlot) -> None:
+        """``slot``'s question was answered (or timed out): its deadline runs again with what was left."""
+        slot.asking = None
+        slot.deadline = trio.current_time() + slot.run_left_s
+        self.poke()
 
     def stop(self) -> None:
         self._stopped = True
