@@ -64,6 +64,7 @@ def table(rows: list[list[str]], headers: list[str]) -> str:
 
 
 async def _serve(cfg: Config, args: argparse.Namespace) -> None:
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.serve import serve
 
     await serve(cfg, stdio=args.stdio, http=args.http, unix=args.unix)
@@ -99,6 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 async def _describe(cfg: Config) -> Any:
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.daemon import open_daemon
 
     async with open_daemon(cfg, describe_only=True) as daemon:
@@ -194,6 +196,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 async def _call(cfg: Config, name: str, arguments: Any) -> tuple[int, Any]:
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.connection import run_call
     from runtime.daemon import open_daemon
     from runtime.protocol.core import ConnState, Reply, ToolCall
@@ -237,6 +240,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.reload import running_daemons, send_reload
 
     cfg = _config(args)
@@ -260,12 +264,14 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.task_cli import run_tasks_command
 
     return run_tasks_command(load_config(args.config, {}), args, table)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime import doctor
 
     return int(doctor.main(["--json"] if args.json else []))
@@ -274,6 +280,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in[:1] == ["bench"]:  # its own parser, and its own dependencies (the bench extra)
+        # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
         from runtime.bench.cli import main as bench
 
         return bench(args_in[1:])
@@ -308,6 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("plugin_dir")
     p.set_defaults(func=cmd_check)
 
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime import imports
 
     imports.register(sub, _add_common, _config)  # add, import, approve
@@ -318,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=cmd_reload)
 
     p = sub.add_parser("tasks", help="list the tasks in the task store, or show one (reads the store directly)")
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.task_cli import add_arguments
 
     add_arguments(p)

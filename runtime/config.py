@@ -29,6 +29,7 @@ from runtime import declared_bounds
 
 from runtime.http_config import HttpConfig, check_http_config
 from runtime.task_store import Limits, parse_store_url
+import importlib.util
 
 def _bundled_plugins() -> Path:
     """The bundled plugins: ``plugins/`` beside ``runtime/`` in a checkout (and an editable install),
@@ -37,8 +38,6 @@ def _bundled_plugins() -> Path:
     if checkout.is_dir():
         return checkout
     try:
-        import importlib.util
-
         spec = importlib.util.find_spec("toolcell_plugins")
     except (ImportError, ValueError):
         spec = None

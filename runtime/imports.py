@@ -40,6 +40,8 @@ import trio
 from runtime import approvals, installer
 from runtime.manifest import MANIFEST_NAME, ManifestError, load_manifest
 from runtime.server_spec import parse_package
+from runtime.config import BUNDLED_PLUGINS
+from runtime.plugins import discover
 
 _NAME_BAD = re.compile(r"[^a-z0-9_.-]+")
 _VAR = re.compile(r"^\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -272,8 +274,6 @@ def _per_name(values: list[str] | None) -> dict[str, list[str]]:
 
 
 def _destination(args: argparse.Namespace, cfg: Any) -> Path:
-    from runtime.config import BUNDLED_PLUGINS
-
     if args.into:
         into = Path(args.into)
     else:
@@ -481,8 +481,6 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
 
 
 def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
-    from runtime.plugins import discover
-
     found = []
     for path in discover(cfg.plugins):
         try:

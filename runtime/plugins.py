@@ -26,6 +26,9 @@ from runtime.execution.hosted import HostedRunner
 from runtime.execution.pool import WorkerPool
 from runtime.execution.runner import PluginLoadError, Runner
 from sandbox import wire
+from runtime import approvals, installer
+from runtime import launch
+from runtime.approvals import HELD
 
 
 @dataclass(eq=False)
@@ -60,8 +63,6 @@ class Plugin:
 def awaiting_approval(plugin: Plugin) -> bool:
     """A version of this plugin was held because it asks for more than was approved (``runtime.approvals``):
     every reload tries it again, since an approval changes no file in its folder."""
-    from runtime.approvals import HELD
-
     return any(p.startswith(HELD) for p in (*plugin.problems, *plugin.reload_error))
 
 
@@ -97,8 +98,6 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
     except plugin_files.PluginFileError as exc:
         plugin.problems = [f"{path / MANIFEST_NAME}: {exc.reason}"]
         return plugin
-    from runtime import approvals, installer
-
     held = approvals.check(plugin.manifest, path, state_dir)
     if held:
         plugin.problems = [held]
@@ -160,8 +159,6 @@ async def _load_server(plugin: Plugin, spec: PoolSpec, nursery: trio.Nursery) ->
 
     Unlike a plugin's, a third-party server's tool that fails the checks is left out (and logged)
     rather than refusing the whole server."""
-    from runtime import installer, launch
-
     try:
         argv, reads = await launch.server_command(spec.manifest, spec.plugin_dir, spec.state_dir)
     except installer.InstallError as exc:

@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 from sandbox import wire
+from runtime.logs import log
 
 MAX_VALUE_DEPTH = 64
 MAX_VALUE_NODES = 1_000_000
@@ -162,8 +163,6 @@ def within_budget(slot: Any, msg: Any, size: int, limits: wire.Limits, plugin: s
     ``max_output_bytes``; one over ``max_notification_bytes`` is truncated. Beyond the budget
     notifications are dropped (the reader keeps draining, so nothing piles up) and the log says so
     once per call. Shared by worker pools and hosted servers."""
-    from runtime.logs import log
-
     if size > limits.max_notification_bytes:
         if type(msg) is wire.Log:
             msg = truncate_log(msg, size, limits.max_notification_bytes)
