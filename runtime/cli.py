@@ -13,6 +13,7 @@ import trio
 
 from runtime import __version__, logs
 from runtime.config import Config, ConfigError, load_config
+from runtime.scope import scope_of
 
 
 def _add_common(p: argparse.ArgumentParser, plugins: bool = True) -> None:
@@ -66,7 +67,7 @@ def table(rows: list[list[str]], headers: list[str]) -> str:
 async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     from runtime.serve import serve
 
-    await serve(cfg, stdio=args.stdio, http=args.http, unix=args.unix)
+    await serve(cfg, stdio=args.stdio, http=args.http, unix=args.unix, scope=scope_of(args.config, cfg.plugins))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -237,32 +238,15 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    from runtime.reload import running_daemons, send_reload
+    from runtime.reload_cli import run_reload
 
-    cfg = _config(args)
-    daemons = running_daemons(cfg.state_dir)
-    if args.pid is not None:
-        daemons = [d for d in daemons if d[0] == args.pid]
-    if not daemons:
-        which = f"daemon {args.pid}" if args.pid is not None else "running daemon"
-        print(f"toolcell reload: no {which} found (pidfiles in {cfg.state_dir})", file=sys.stderr)
-        return 1
-    failed = 0
-    for pid, serving in daemons:
-        try:
-            send_reload(pid)
-        except OSError as exc:
-            print(f"toolcell reload: could not signal daemon {pid}: {exc}", file=sys.stderr)
-            failed += 1
-            continue
-        print(f"toolcell reload: asked daemon {pid} ({serving or 'no address recorded'}) to reload its plugins")
-    return 1 if failed else 0
+    return run_reload(_config(args), args)
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     from runtime.task_cli import run_tasks_command
 
-    return run_tasks_command(load_config(args.config, {}), args, table)
+    return run_tasks_command(load_config(args.config, {"plugins": args.plugins}), args, table)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -312,9 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     imports.register(sub, _add_common, _config)  # add, import, approve
 
-    p = sub.add_parser("reload", help="ask the running daemon(s) to reload their plugin folders (SIGHUP)")
-    p.add_argument("--config", help="TOML config file (for its state_dir, where daemons keep their pidfiles)")
-    p.add_argument("--pid", type=int, help="reach only this daemon (default: every daemon using this state dir)")
+    from runtime import reload_cli
+
+    p = sub.add_parser("reload", help="ask the daemon(s) of this configuration to reload their plugin folders (SIGHUP)",
+                       epilog=reload_cli.EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    reload_cli.add_arguments(p)
     p.set_defaults(func=cmd_reload)
 
     p = sub.add_parser("tasks", help="list the tasks in the task store, or show one (reads the store directly)")

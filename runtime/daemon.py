@@ -29,6 +29,7 @@ from runtime.tasks import TaskManager
 from runtime.protocol.core import Core
 from runtime.protocol.catalog import Catalog
 from runtime.fingerprints import fingerprint, stat_signature
+from runtime.scope import Scope
 from runtime.spares import Spares
 from runtime.spares import installed as spares_installed
 from runtime.processes import become_subreaper, serve_reaper, sweep_stale_scratch
@@ -68,6 +69,8 @@ class Daemon:
         self.ready = False
         #: The spare worker interpreter (``runtime.spares``), once serving.
         self.spares: Spares | None = None
+        #: Its configuration file and plugin set (``runtime.scope``), as ``toolcell serve`` names them.
+        self.scope: Scope | None = None
 
     # -- plugins and catalog -------------------------------------------------------------------
 

@@ -316,27 +316,41 @@ def test_an_address_in_use_is_reported_with_the_address_before_any_worker_starts
     assert "plugin_loaded" not in out.stderr  # refused before loading anything
 
 
-def test_each_daemon_has_its_own_pidfile_and_reload_says_which_it_reached(tmp_path: Path) -> None:
+def test_each_daemon_has_its_own_pidfile_and_reload_reaches_only_this_configurations(tmp_path: Path) -> None:
+    """Two daemons share a state dir with other plugin sets (a test suite's, another project's):
+    ``toolcell reload`` reaches only the daemons of its own configuration, names them, counts the
+    others; ``--all`` reaches every one, ``--pid`` exactly one."""
     import os
     import time
 
     state = tmp_path / "state"
     config = tmp_path / "toolcell.toml"
     config.write_text(f'state_dir = "{state}"\n')
-    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--stdio", "--config", str(config), "--policy", "none",
-           "--no-watch", "--plugins", str(REPO / "plugins" / "conformance")]
-    daemons = [subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL) for _ in range(2)]
+    folders = [str(REPO / "plugins" / "conformance"), str(REPO / "plugins" / "mathkit")]
+
+    def serve(folder: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--stdio", "--config", str(config),
+                                 "--policy", "none", "--no-watch", "--plugins", folder],
+                                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    daemons = [serve(folder) for folder in folders]
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and len(list(state.glob("toolcell-*.pid"))) < 2:
             time.sleep(0.1)
         assert sorted(p.name for p in state.glob("toolcell-*.pid")) == sorted(f"toolcell-{d.pid}.pid" for d in daemons)
-        out = toolcell("reload", "--config", str(config))
-        assert out.returncode == 0, out.stderr
-        assert all(f"daemon {d.pid}" in out.stdout for d in daemons), out.stdout
-        one = toolcell("reload", "--config", str(config), "--pid", str(daemons[0].pid))
-        assert f"daemon {daemons[0].pid}" in one.stdout and f"daemon {daemons[1].pid}" not in one.stdout
+        mine = toolcell("reload", "--config", str(config), "--plugins", folders[0])
+        assert mine.returncode == 0, mine.stderr
+        assert f"daemon {daemons[0].pid}" in mine.stdout and f"daemon {daemons[1].pid}" not in mine.stdout
+        assert "left 1 daemon(s) of other configurations alone" in mine.stdout
+        nobody = toolcell("reload", "--config", str(config))  # the bundled plugins: no daemon serves them here
+        assert nobody.returncode == 1
+        assert "no running daemon of this configuration" in nobody.stderr and str(daemons[1].pid) in nobody.stderr
+        everyone = toolcell("reload", "--config", str(config), "--all")
+        assert everyone.returncode == 0, everyone.stderr
+        assert all(f"daemon {d.pid}" in everyone.stdout for d in daemons), everyone.stdout
+        one = toolcell("reload", "--config", str(config), "--pid", str(daemons[1].pid))
+        assert f"daemon {daemons[1].pid}" in one.stdout and f"daemon {daemons[0].pid}" not in one.stdout
         first = daemons[0]
         assert first.stdin is not None
         first.stdin.close()
