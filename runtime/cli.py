@@ -194,47 +194,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-async def _call(cfg: Config, name: str, arguments: Any) -> tuple[int, Any]:
-    from runtime.connection import run_call
-    from runtime.daemon import open_daemon
-    from runtime.protocol.core import ConnState, Reply, ToolCall
-
-    async with open_daemon(cfg) as daemon:
-        state = ConnState()
-        core = daemon.core
-        core.receive(state, json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "toolcell-cli", "version": __version__}}}).encode())
-        request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                   "params": {"name": name, "arguments": arguments, "_meta": {"progressToken": "cli"}}}
-        action = core.receive(state, json.dumps(request).encode())
-
-        def emit(data: bytes) -> None:
-            print(data.decode(), file=sys.stderr)
-
-        if isinstance(action, ToolCall):
-            data = await run_call(daemon, action, emit=emit)
-        else:
-            assert isinstance(action, Reply) and action.data is not None
-            data = action.data
-        msg = json.loads(data)
-        if "error" in msg:
-            return 2, msg["error"]
-        return (1 if msg["result"].get("isError") else 0), msg["result"]
-
-
 def cmd_call(args: argparse.Namespace) -> int:
+    from runtime.call_cli import run_call_command
+
     cfg = _config(args)
     if _refuse_missing("call", cfg):
         return 2
     logs.configure(cfg.log_level if args.log_level else "warning")
-    try:
-        arguments = json.loads(args.arguments) if args.arguments else {}
-    except json.JSONDecodeError as exc:
-        print(f"toolcell call: arguments are not valid JSON: {exc}", file=sys.stderr)
-        return 2
-    code, result = trio.run(_call, cfg, args.name, arguments)
-    print(json.dumps(result, indent=2, ensure_ascii=False))
-    return code
+    return run_call_command(cfg, args)
 
 
 def cmd_reload(args: argparse.Namespace) -> int:

@@ -293,15 +293,31 @@ async def open_daemon(config: Config, describe_only: bool = False) -> AsyncItera
                 daemon.spares = Spares(config.state_dir)
                 await nursery.start(daemon.spares.serve)
                 store = await _open_task_store(config)
+                # The store's upkeep (heartbeats, sweeps, mailboxes) stops, and has stopped, before the
+                # store closes: a heartbeat in flight on a closed store was a spurious
+                # `task_store_failed ... ClosedResourceError` at every exit.
+                upkeep = trio.CancelScope()
+                upkeep_stopped = trio.Event()
+
+                async def serve_upkeep(tasks: TaskManager, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                    try:
+                        with upkeep:
+                            await tasks.serve(task_status=task_status)
+                    finally:
+                        upkeep_stopped.set()
+
                 try:
                     if store is not None:
                         daemon.tasks = TaskManager(daemon.core, daemon.calls, store, config.tasks, nursery)
-                        await nursery.start(daemon.tasks.serve)
+                        await nursery.start(serve_upkeep, daemon.tasks)
                     with spares_installed(daemon.spares):
                         yield daemon
                 finally:
                     if store is not None:
                         with trio.CancelScope(shield=True):
+                            upkeep.cancel()
+                            if daemon.tasks is not None:
+                                await upkeep_stopped.wait()
                             await store.aclose()
         finally:
             await daemon.aclose()

@@ -189,6 +189,31 @@ def test_call_exits_1_for_an_error_result_and_2_for_an_unknown_tool() -> None:
     assert json.loads(unknown.stdout)["code"] == -32602
 
 
+def test_an_unknown_tool_gets_the_names_it_may_have_meant_and_no_other_error_line() -> None:
+    for _ in range(3):  # the spurious store error came at exit, most times but not every time
+        out = toolcell("call", "test_simple_txt", "{}", "--plugins", str(CONFORMANCE), "--policy", "none")
+        assert out.returncode == 2
+        assert "did you mean: test_simple_text" in out.stderr
+        assert '"level":"error"' not in out.stderr, out.stderr
+
+
+def test_calling_a_tool_of_a_held_plugin_says_it_is_held_and_how_to_approve_it(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    plugins = make_plugin("greeter", GOOD, prefix="g_")
+    config = tmp_path / "toolcell.toml"
+    state = tmp_path / "state"
+    config.write_text(f'state_dir = "{state}"\n')
+    common = ["--plugins", str(plugins), "--config", str(config), "--policy", "none"]
+    approved = toolcell("approve", "greeter", "--yes", *common)
+    assert approved.returncode == 0, approved.stderr
+    manifest = plugins / "greeter" / "plugin.toml"
+    manifest.write_text(manifest.read_text() + '\n[permissions]\nread = ["/etc"]\n')  # asks for more now
+    out = toolcell("call", "g_greet", '{"name": "x"}', *common)
+    assert out.returncode == 2
+    assert "plugin 'greeter' (its tools begin with 'g_') is held until approved" in out.stderr
+    assert "read" in out.stderr and f"toolcell approve greeter --plugins {plugins}" in out.stderr
+
+
 def test_call_reports_invalid_arguments_naming_the_field(make_plugin: Callable[..., Path]) -> None:
     plugins = make_plugin("greeter", GOOD)
     out = toolcell("call", "greet", '{"name": 7}', "--plugins", str(plugins), "--policy", "none")
