@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
+import socket
 import sys
 from typing import Any, Sequence
 
@@ -92,8 +94,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not isinstance(err, (OSError, ValueError)):
             raise
         print(f"toolcell serve: {err}", file=sys.stderr)
+        if isinstance(err, OSError) and err.errno == errno.EADDRINUSE:
+            print(_address_in_use_advice(cfg), file=sys.stderr)
         return 1
     return 0
+
+
+def _address_in_use_advice(cfg: Config) -> str:
+    """What to do when the address is taken: which toolcell daemons of this state dir serve what, and a
+    free port to serve on instead."""
+    from runtime.reload import running_daemons
+
+    lines = ["  another program listens there. Stop it, or serve on another address, e.g. "
+             f"toolcell serve --http 127.0.0.1:{_free_port()} (or set http.listen in the config)."]
+    daemons = running_daemons(cfg.state_dir)
+    if daemons:
+        lines.append("  toolcell daemons of this user: " + "; ".join(f"pid {d.pid} ({d.serving})" for d in daemons)
+                     + " (kill -TERM PID stops one gracefully)")
+    return "\n".join(lines)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 # -- list / check / call ---------------------------------------------------------------------------
@@ -275,6 +299,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_arguments(p)
     p.set_defaults(func=cmd_tasks)
+
+    from runtime import auth
+
+    p = sub.add_parser("token", help="mint a bearer token for the HTTP transport and print its [[http.tokens]] entry",
+                       epilog=auth.TOKEN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    auth.add_token_arguments(p)
+    p.set_defaults(func=auth.run_token)
 
     p = sub.add_parser("doctor", help="probe which isolation layers this machine supports")
     p.add_argument("--json", action="store_true", help="print the probe's report as JSON")

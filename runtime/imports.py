@@ -431,6 +431,13 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
         print(f"toolcell add: {exc}", file=sys.stderr)
     except (ImportProblem, approvals.ApprovalsError, ValueError, OSError) as exc:
         print(f"toolcell add: {exc}", file=sys.stderr)
+    except installer.NoExecutableChosen as exc:
+        if exc.executables:
+            print(f"toolcell add: {args.spec} has several executables ({', '.join(exc.executables)}): say which runs "
+                  f"the server with --bin NAME, e.g. toolcell add {args.spec} --bin {exc.executables[0]}", file=sys.stderr)
+        else:
+            print(f"toolcell add: {args.spec} installs no executable, so there is no server to run: is it a library "
+                  "rather than an MCP server?", file=sys.stderr)
     except installer.InstallError as exc:
         print(f"toolcell add: {exc.reason}", file=sys.stderr)
     return 1

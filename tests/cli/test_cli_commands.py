@@ -338,6 +338,7 @@ def test_an_address_in_use_is_reported_with_the_address_before_any_worker_starts
         taken.close()
     assert out.returncode == 1
     assert f"127.0.0.1:{port}" in out.stderr and "in use" in out.stderr
+    assert "Stop it, or serve on another address, e.g. toolcell serve --http 127.0.0.1:" in out.stderr, out.stderr
     assert "plugin_loaded" not in out.stderr  # refused before loading anything
 
 
