@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from runtime import declared_bounds
+from runtime import config_problems
 
 from runtime.http_config import HttpConfig, check_http_config
 from runtime.task_store import Limits, parse_store_url
@@ -155,23 +155,35 @@ def check_config(cfg: Config) -> list[str]:
 
 
 def load_config(path: str | None, overrides: dict[str, Any]) -> Config:
-    """Read the TOML file (if any), apply CLI overrides, check everything; raise ConfigError."""
+    """Read the TOML file (if any), apply CLI overrides, check everything; raise ConfigError naming
+    every problem at once, each as ``file:line:column: problem``."""
     raw: dict[str, Any] = {}
+    source = ""
     if path:
         try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            source = Path(path).read_text(encoding="utf-8")
+            raw = tomllib.loads(source)
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    raw.update({k: v for k, v in overrides.items() if v is not None})
-    violated = declared_bounds.violations(raw, Config)
-    problems = [message for _keys, message in violated]
-    try:
-        cfg = msgspec.convert(declared_bounds.without(raw, violated), Config)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{path or 'config'}: " + "; ".join(problems + [str(exc)])) from None
-    problems += check_config(cfg)
-    if problems:
-        raise ConfigError(f"{path or 'config'}: " + "; ".join(problems))
+    given = {k: v for k, v in overrides.items() if v is not None}
+    raw.update(given)
+    cfg, decoding = config_problems.decode(raw, Config)
+    found: list[config_problems.Problem | str] = list(decoding)
+    if cfg is not None:
+        found += check_config(cfg)
+    if found:
+        # A problem with a value given on the command line is not in the file: no position for it.
+        located = config_problems.locate_all(source, [p for p in found if not _from_flags(p, given)])
+        located += [config_problems.Located(None, p if isinstance(p, str) else p.message)
+                    for p in found if _from_flags(p, given)]
+        where = path or "config"
+        lines = [p.render(where) for p in located]
+        raise ConfigError(lines[0] if len(lines) == 1 else f"{len(lines)} problems:\n  " + "\n  ".join(lines))
+    assert cfg is not None
     return cfg
+
+
+def _from_flags(problem: config_problems.Problem | str, given: dict[str, Any]) -> bool:
+    return isinstance(problem, config_problems.Problem) and bool(problem.keys) and problem.keys[0] in given

@@ -85,7 +85,7 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
     try:
         plugin.manifest = load_manifest(path)
     except ManifestError as exc:
-        plugin.problems = [f"{exc.path}: {p}" for p in exc.problems]
+        plugin.problems = exc.located()
         return plugin
     from runtime import approvals, installer
 

@@ -123,7 +123,8 @@ def test_a_plugins_folder_that_does_not_exist_is_an_error(command: list[str], tm
 def test_check_and_reload_offer_only_flags_that_apply() -> None:
     assert "--plugins" not in toolcell("check", "--help").stdout
     reload_help = toolcell("reload", "--help").stdout
-    assert "--plugins" not in reload_help and "--policy" not in reload_help and "--pid" in reload_help
+    # reload takes --plugins (which daemons it means), never a policy
+    assert "--policy" not in reload_help and "--pid" in reload_help and "--all" in reload_help
     doctor_help = toolcell("doctor", "--help").stdout
     assert "rest" not in doctor_help and "--json" in doctor_help
 
