@@ -25,12 +25,18 @@ def _add_common(p: argparse.ArgumentParser, plugins: bool = True) -> None:
                        help="plugin folder (a plugin, or a folder of plugins); repeatable; default: the bundled plugins")
     p.add_argument("--policy", choices=["strict", "compat", "none"], help="isolation policy (default strict)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["auto", "json", "text"],
+                   help="log lines on stderr: readable text on a terminal and JSON otherwise (auto, the default), "
+                        "or always json / text")
 
 
 def _config(args: argparse.Namespace, **extra: Any) -> Config:
     overrides = {"plugins": getattr(args, "plugins", None), "policy": getattr(args, "policy", None),
-                 "log_level": getattr(args, "log_level", None), **extra}
-    return load_config(args.config, overrides)
+                 "log_level": getattr(args, "log_level", None), "log_format": getattr(args, "log_format", None),
+                 **extra}
+    cfg = load_config(args.config, overrides)
+    logs.configure(cfg.log_level, format=cfg.log_format)
+    return cfg
 
 
 def _missing_folders(cfg: Config) -> list[str]:

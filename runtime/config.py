@@ -104,6 +104,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     #: Calls running or queued at once across all plugins and clients.
     max_inflight: Annotated[int, Meta(ge=1)] = 4096
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: Log lines on stderr: "auto" (readable text on a terminal, JSON lines otherwise), "json" or "text".
+    log_format: Literal["auto", "json", "text"] = "auto"
     state_dir: str = msgspec.field(default_factory=default_state_dir)
     #: Pre-started workers per plugin (each plugin may grow to its max_concurrency).
     min_workers: Annotated[int, Meta(ge=0, le=64)] = 1
