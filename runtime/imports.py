@@ -330,6 +330,25 @@ def _grants_for(name: str, suggested: list[str], args: argparse.Namespace, asker
     return read, write, net
 
 
+def _paths_granted(name: str, named: list[str], read: list[str], write: list[str], asker: Asker, again: str) -> bool:
+    """Whether to go on when the server's arguments name folders it is granted neither to read nor to
+    write (it would fail at once, e.g. "Cannot access directory"): a person at a terminal is asked;
+    otherwise it is not created, and the command that grants them is printed."""
+    granted = [os.path.abspath(p) for p in read + write]
+    missing = [p for p in named
+               if not any(os.path.abspath(p) == g or os.path.abspath(p).startswith(g.rstrip("/") + "/") for g in granted)]
+    if not missing:
+        return True
+    grants = " ".join(f"--write {name}={p}" for p in missing)
+    print(f"toolcell: {name}: its arguments name {', '.join(missing)}, which it is granted neither to read nor "
+          f"to write: the sandbox would refuse it, and the server fail at once.\n"
+          f"  to grant them: {again} {grants} --replace   (--read {name}=PATH for read-only)", file=sys.stderr)
+    if asker.interactive:
+        return asker.confirm(f"Create {name} without access to {', '.join(missing)}?")
+    print(f"toolcell: {name}: not created", file=sys.stderr)
+    return False
+
+
 def _env_for(name: str, env: Any, inputs: dict[str, str], args: argparse.Namespace,
              asker: Asker) -> tuple[list[str], dict[str, str]]:
     if env is None:
@@ -382,6 +401,10 @@ def cmd_import(args: argparse.Namespace, cfg: Any) -> int:
             server, suggested = translate(entry)
             server = trio.run(pin, server)
             read, write, net = _grants_for(raw_name, suggested, args, asker)
+            if not _paths_granted(raw_name, suggested, read, write, asker,
+                                  f"toolcell import {args.file} --only {raw_name}"):
+                failed += 1
+                continue
             allow, fixed = _env_for(raw_name, entry.get("env"), inputs, args, asker)
             text = manifest_text(name, f"{raw_name}, imported from {os.path.basename(args.file)}", server, allow, fixed,
                                  read, write, net)
@@ -405,8 +428,11 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
             pkg = parse_package(args.spec, pinned=False)
             server = trio.run(pin, {"package": args.spec, "bin": args.bin or "", "args": list(args.args)})
             name = plugin_name(args.name or pkg.name)
-            read, write, net = _grants_for(name, [a for a in args.args if a.startswith("/") and os.path.isdir(a)],
-                                           args, asker)
+            named = [a for a in args.args if a.startswith("/") and os.path.isdir(a)]
+            read, write, net = _grants_for(name, named, args, asker)
+            again = " ".join(["toolcell add", args.spec, *(f"--arg={a}" for a in args.args)])
+            if not _paths_granted(name, named, read, write, asker, again):
+                return 1
             allow = sorted({v for v in (args.env or []) if "=" not in v})
             fixed = dict(v.split("=", 1) for v in (args.env or []) if "=" in v)
             text = manifest_text(name, f"{pkg.name}, added with toolcell add", server, allow, fixed, read, write, net)
