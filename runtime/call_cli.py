@@ -19,11 +19,6 @@ from runtime import __version__
 from runtime.config import Config
 from runtime.plugins import awaiting_approval
 
-EXAMPLES = """examples:
-  toolcell call math_evaluate '{"expression": "2 ** 10"}'
-  toolcell call text_stats '{"text": "hello world"}' --plugins ./plugins"""
-
-
 async def _call(cfg: Config, name: str, arguments: Any) -> tuple[int, Any, list[str]]:
     """(exit code, the result or error, hints for an unknown tool)."""
     from runtime.connection import run_call

@@ -13,16 +13,23 @@ from typing import Any, Sequence
 
 import trio
 
-from runtime import __version__, logs
+from runtime import __version__, cli_help, logs
 from runtime.config import Config, ConfigError, load_config
+from runtime.progress import progress
 from runtime.scope import scope_of
 
 
+#: shtab completes these arguments as folders / files (an attribute argparse ignores).
+shtab_dir = {"bash": "_shtab_compgen_dirs", "zsh": "_files -/", "tcsh": "d"}
+shtab_file = {"bash": "_shtab_compgen_files", "zsh": "_files", "tcsh": "f"}
+
+
 def _add_common(p: argparse.ArgumentParser, plugins: bool = True) -> None:
-    p.add_argument("--config", help="TOML config file")
+    p.add_argument("--config", help="TOML config file").complete = shtab_file  # type: ignore[attr-defined]
     if plugins:
         p.add_argument("--plugins", action="append", metavar="DIR",
-                       help="plugin folder (a plugin, or a folder of plugins); repeatable; default: the bundled plugins")
+                       help="plugin folder (a plugin, or a folder of plugins); repeatable; default: the bundled plugins"
+                       ).complete = shtab_dir  # type: ignore[attr-defined]
     p.add_argument("--policy", choices=["strict", "compat", "none"], help="isolation policy (default strict)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", choices=["auto", "json", "text"],
@@ -136,6 +143,32 @@ async def _describe(cfg: Config) -> Any:
         return daemon
 
 
+async def _describe_showing(cfg: Config, installing: str) -> Any:
+    """``_describe``, showing progress while the plugins' packages may be installing (a first check of a
+    plugin with dependencies or a server package installs them, which takes a while)."""
+    if not installing:
+        return await _describe(cfg)
+    async with progress(installing, sys.stderr):
+        return await _describe(cfg)
+
+
+def _installs(cfg: Config) -> list[str]:
+    """What loading the configured plugins may install: their dependencies and server packages."""
+    from runtime.manifest import ManifestError, load_manifest
+    from runtime.plugins import discover
+
+    found: list[str] = []
+    for path in discover(cfg.plugins):
+        try:
+            manifest = load_manifest(path)
+        except ManifestError:
+            continue
+        found += manifest.dependencies
+        if manifest.server is not None and manifest.server.package:
+            found.append(manifest.server.package)
+    return found
+
+
 def _permissions(plugin: Any) -> str:
     if plugin.manifest is None:
         return "-"
@@ -203,7 +236,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if _refuse_missing("check", cfg):
         return 2
     logs.configure("error")
-    daemon = trio.run(_describe, cfg)
+    needs = _installs(cfg)
+    daemon = trio.run(_describe_showing, cfg, f"installing what it needs ({', '.join(needs)})" if needs else "")
     plugins = list(daemon.plugins.values()) + daemon.failed
     if not plugins:
         print(f"{args.plugin_dir}: no plugin found (expected a plugin.toml)")
@@ -252,12 +286,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return int(doctor.main(["--json"] if args.json else []))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args_in = list(sys.argv[1:] if argv is None else argv)
-    if args_in[:1] == ["bench"]:  # its own parser, and its own dependencies (the bench extra)
-        from runtime.bench.cli import main as bench
-
-        return bench(args_in[1:])
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``toolcell`` command line (completion scripts are made from it too)."""
     parser = argparse.ArgumentParser(prog="toolcell", description="MCP tools daemon: every call in an isolated worker")
     parser.add_argument("--version", action="version", version=f"toolcell {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -286,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = sub.add_parser("check", help="validate a plugin and report every problem")
     _add_common(p, plugins=False)
-    p.add_argument("plugin_dir")
+    p.add_argument("plugin_dir").complete = shtab_dir  # type: ignore[attr-defined]
     p.set_defaults(func=cmd_check)
 
     from runtime import imports
@@ -295,8 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from runtime import reload_cli
 
-    p = sub.add_parser("reload", help="ask the daemon(s) of this configuration to reload their plugin folders (SIGHUP)",
-                       epilog=reload_cli.EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("reload", help="ask the daemon(s) of this configuration to reload their plugin folders (SIGHUP)")
     reload_cli.add_arguments(p)
     p.set_defaults(func=cmd_reload)
 
@@ -308,8 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from runtime import auth
 
-    p = sub.add_parser("token", help="mint a bearer token for the HTTP transport and print its [[http.tokens]] entry",
-                       epilog=auth.TOKEN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("token", help="mint a bearer token for the HTTP transport and print its [[http.tokens]] entry")
     auth.add_token_arguments(p)
     p.set_defaults(func=auth.run_token)
 
@@ -319,7 +347,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sub.add_parser("bench", help="load-benchmark MCP servers (toolcell bench --help; needs toolcell[bench])")
 
-    args = parser.parse_args(args_in)
+    p = cli_help.add_completion_command(sub)
+    p.set_defaults(func=lambda a: cli_help.print_completion(parser, a.shell))
+    cli_help.add_examples(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["bench"]:
+        from runtime.bench.cli import main as bench  # its own parser and dependencies (the bench extra)
+
+        try:
+            return bench(args_in[1:])
+        finally:
+            if args_in[1:2] in (["-h"], ["--help"]):  # its help ends with SystemExit
+                print("\n" + cli_help.EXAMPLES["bench"])
+    args = build_parser().parse_args(args_in)
     try:
         return int(args.func(args))
     except ConfigError as exc:

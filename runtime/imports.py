@@ -35,6 +35,7 @@ import trio
 
 from runtime import approvals, installer
 from runtime.manifest import MANIFEST_NAME, ManifestError, load_manifest
+from runtime.progress import progress
 from runtime.server_spec import parse_package
 
 _NAME_BAD = re.compile(r"[^a-z0-9_.-]+")
@@ -299,9 +300,9 @@ async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker
         except ManifestError as exc:
             raise ImportProblem("; ".join(exc.problems)) from None
         if manifest.server is not None and manifest.server.package:
-            print(f"installing {manifest.server.package} ...", file=sys.stderr)
-            env = await installer.install_package(parse_package(manifest.server.package), state_dir, None,
-                                                  manifest.server.bin)
+            async with progress(f"installing {manifest.server.package}", sys.stderr):
+                env = await installer.install_package(parse_package(manifest.server.package), state_dir, None,
+                                                      manifest.server.bin)
             lock = installer.lock_file(env)
             if lock is not None:
                 (staging / lock[0]).write_text(lock[1], encoding="utf-8")

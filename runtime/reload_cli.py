@@ -15,14 +15,6 @@ from runtime.config import Config
 from runtime.reload import RunningDaemon, running_daemons, send_reload
 from runtime.scope import Scope, scope_of
 
-EXAMPLES = """examples:
-  toolcell reload                          the daemon(s) serving the bundled plugins with no config file
-  toolcell reload --config toolcell.toml   the daemon(s) started with this config
-  toolcell reload --plugins ./plugins      the daemon(s) serving ./plugins
-  toolcell reload --pid 4242               exactly this daemon
-  toolcell reload --all                    every daemon of the state dir"""
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML config file the daemon was started with (its state_dir and plugins)")
     p.add_argument("--plugins", action="append", metavar="DIR",
