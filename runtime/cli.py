@@ -323,6 +323,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     imports.register(sub, _add_common, _config)  # add, import, approve
 
+    from runtime import client_install
+
+    p = sub.add_parser("install", help="write an MCP client's configuration to use toolcell "
+                                       "(claude-desktop, claude-code, cursor, vscode)")
+    client_install.add_arguments(p)
+    p.set_defaults(func=client_install.run_install)
+
     from runtime import reload_cli
 
     p = sub.add_parser("reload", help="ask the daemon(s) of this configuration to reload their plugin folders (SIGHUP)")
