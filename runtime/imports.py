@@ -36,6 +36,7 @@ import trio
 from runtime import approvals, installer
 from runtime.manifest import MANIFEST_NAME, ManifestError, load_manifest
 from runtime.progress import progress
+from runtime.registry_entry import RegistryProblem, read_server_json
 from runtime.server_spec import parse_package
 
 _NAME_BAD = re.compile(r"[^a-z0-9_.-]+")
@@ -425,18 +426,31 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
     asker = Asker(args.yes)
     try:
         into = _destination(args, cfg)
-        if args.spec.startswith(("npm:", "pypi:")):
-            pkg = parse_package(args.spec, pinned=False)
-            server = trio.run(pin, {"package": args.spec, "bin": args.bin or "", "args": list(args.args)})
-            name = plugin_name(args.name or pkg.name)
-            named = [a for a in args.args if a.startswith("/") and os.path.isdir(a)]
+        registry = args.spec.endswith(".json") and os.path.isfile(args.spec)
+        if args.spec.startswith(("npm:", "pypi:")) or registry:
+            allow = sorted({v for v in (args.env or []) if "=" not in v})
+            fixed = dict(v.split("=", 1) for v in (args.env or []) if "=" in v)
+            if registry:  # an MCP Registry entry (server.json): its package, arguments and variables
+                entry = read_server_json(Path(args.spec), list(args.args), asker.text)
+                for note in entry.notes:
+                    print(f"toolcell add: {note}", file=sys.stderr)
+                spec, argv, about = entry.server["package"], entry.server["args"], entry.description or entry.name
+                allow = sorted(set(allow) | {v for v in entry.env_allow if v not in fixed})
+                fixed = {**{k: v for k, v in entry.env_set.items() if k not in allow}, **fixed}
+                default_name = entry.name.rsplit("/", 1)[-1]
+            else:
+                spec, argv, about = args.spec, list(args.args), ""
+                default_name = ""
+            pkg = parse_package(spec, pinned=False)
+            server = trio.run(pin, {"package": spec, "bin": args.bin or "", "args": argv})
+            name = plugin_name(args.name or default_name or pkg.name)
+            named = [a for a in argv if a.startswith("/") and os.path.isdir(a)]
             read, write, net = _grants_for(name, named, args, asker)
             again = " ".join(["toolcell add", args.spec, *(f"--arg={a}" for a in args.args)])
             if not _paths_granted(name, named, read, write, asker, again):
                 return 1
-            allow = sorted({v for v in (args.env or []) if "=" not in v})
-            fixed = dict(v.split("=", 1) for v in (args.env or []) if "=" in v)
-            text = manifest_text(name, f"{pkg.name}, added with toolcell add", server, allow, fixed, read, write, net)
+            text = manifest_text(name, about or f"{pkg.name}, added with toolcell add", server, allow, fixed, read,
+                                 write, net)
             ok = trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell add {args.spec}", args.replace)
             return 0 if ok else 1
         source = Path(args.spec).resolve()
@@ -456,7 +470,7 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
         return 0
     except ManifestError as exc:
         print(f"toolcell add: {exc}", file=sys.stderr)
-    except (ImportProblem, approvals.ApprovalsError, ValueError, OSError) as exc:
+    except (ImportProblem, RegistryProblem, approvals.ApprovalsError, ValueError, OSError) as exc:
         print(f"toolcell add: {exc}", file=sys.stderr)
     except installer.NoExecutableChosen as exc:
         if exc.executables:
@@ -513,7 +527,8 @@ def register(sub: Any, common: Callable[..., None], config: Callable[..., Any]) 
         p.add_argument("--yes", action="store_true", help="approve without asking")
         p.add_argument("--replace", action="store_true", help="overwrite a plugin folder of the same name")
 
-    p = sub.add_parser("add", help="add a plugin: npm:PKG[@VERSION], pypi:PKG[==VERSION] or a plugin folder")
+    p = sub.add_parser("add", help="add a plugin: npm:PKG[@VERSION], pypi:PKG[==VERSION], an MCP Registry "
+                                   "server.json or a plugin folder")
     common(p)
     grants(p)
     p.add_argument("spec")
