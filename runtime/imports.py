@@ -512,7 +512,8 @@ def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
     if not Asker(args.yes).confirm(f"Approve {manifest.name} with these permissions?"):
         return 1
     approvals.record(cfg.state_dir, manifest, str(path), "toolcell approve")
-    print(f"approved {manifest.name}; a running daemon picks it up at its next reload (toolcell reload)")
+    flags = "".join(f" --plugins {d}" for d in args.plugins or []) + (f" --config {args.config}" if args.config else "")
+    print(f"approved {manifest.name}; a running daemon picks it up at its next reload (toolcell reload{flags})")
     return 0
 
 

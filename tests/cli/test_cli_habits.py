@@ -93,3 +93,10 @@ def test_the_readme_starts_with_a_virtual_environment_and_ci_runs_its_second_com
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     marker = ci.index("# --- the README's test command, verbatim ---")
     assert ci[marker + 1] == second
+
+
+def test_the_readme_command_table_names_every_command_and_only_real_ones() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Commands", 1)[1].strip().split("\n\n", 1)[0]
+    named = set(re.findall(r"^\| `toolcell ([a-z-]+)", table, re.M))
+    assert named == set(commands()), (named ^ set(commands()))
