@@ -19,7 +19,7 @@ import re
 import secrets
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from runtime.http_config import HttpConfig, RateLimit
 from runtime.protocol.catalog import Catalog, ToolEntry
@@ -39,6 +39,9 @@ class Principal:
     name: str
     scopes: tuple[str, ...] = ("*",)
     rate: RateLimit | None = None
+    #: Authenticated by an OAuth access token (a tool outside its scopes is answered 403
+    #: ``insufficient_scope`` so that the client can ask for more; static tokens see no such tool).
+    oauth: bool = False
     all_tools: bool = field(init=False)
     _view_key: Any = field(init=False)
 
@@ -67,6 +70,13 @@ class Principal:
 ANONYMOUS = Principal("anonymous")
 
 
+class CheckedTokens(Protocol):
+    """Tokens some other authority checked before (``runtime.oauth.OAuthVerifier``), by their exact
+    ``Authorization`` value."""
+
+    def cached(self, authorization: bytes) -> Principal | None: ...
+
+
 class Authenticator:
     """Maps ``Authorization: Bearer`` values to principals. Disabled when no token is configured."""
 
@@ -75,11 +85,13 @@ class Authenticator:
     #: it), at most this many; the oldest goes first.
     MATCHED_MAX = 1024
 
-    def __init__(self, cfg: HttpConfig) -> None:
+    def __init__(self, cfg: HttpConfig, oauth: CheckedTokens | None = None) -> None:
         self._by_hash: dict[str, Principal] = {}
         for tok in cfg.tokens:
             self._by_hash[tok.sha256] = Principal(tok.principal, tuple(tok.scopes), tok.rate)
-        self.enabled = bool(self._by_hash)
+        #: Checks OAuth access tokens (``[http.oauth]``); what it checked is remembered in it.
+        self.oauth = oauth
+        self.enabled = bool(self._by_hash) or oauth is not None
         self._matched: dict[bytes, Principal] = {}
 
     def authenticate(self, authorization: bytes | None) -> Principal | None:
@@ -91,6 +103,10 @@ class Authenticator:
         known = self._matched.get(authorization)
         if known is not None:
             return known
+        if self.oauth is not None:
+            checked = self.oauth.cached(authorization)
+            if checked is not None:
+                return checked
         scheme, _, token = authorization.partition(b" ")
         if scheme.lower() != b"bearer":
             return None
