@@ -13,7 +13,7 @@ import sys
 
 from runtime.config import Config
 from runtime.reload import RunningDaemon, running_daemons, send_reload
-from runtime.scope import Scope, scope_of
+from runtime.scope import Scope, means, scope_of
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML config file the daemon was started with (its state_dir and plugins)")
@@ -28,19 +28,20 @@ def _label(d: RunningDaemon) -> str:
     return f"daemon {d.pid} ({d.serving or 'no address recorded'})"
 
 
-def choose(daemons: list[RunningDaemon], scope: Scope, pid: int | None, everyone: bool) -> list[RunningDaemon]:
-    """The daemons a reload means: ``--pid``, else ``--all``, else those of ``scope``."""
+def choose(daemons: list[RunningDaemon], scope: Scope, pid: int | None, everyone: bool,
+           plugins_given: bool) -> list[RunningDaemon]:
+    """The daemons a reload means: ``--pid``, else ``--all``, else those of ``scope`` (``runtime.scope.means``)."""
     if pid is not None:
         return [d for d in daemons if d.pid == pid]
     if everyone:
         return daemons
-    return [d for d in daemons if d.scope == scope]
+    return [d for d in daemons if means(scope, d.scope, plugins_given)]
 
 
 def run_reload(cfg: Config, args: argparse.Namespace) -> int:
     scope = scope_of(args.config, cfg.plugins)
     daemons = running_daemons(cfg.state_dir)
-    chosen = choose(daemons, scope, args.pid, args.all)
+    chosen = choose(daemons, scope, args.pid, args.all, bool(args.plugins))
     others = [d for d in daemons if d not in chosen]
     if not chosen:
         if args.pid is not None:

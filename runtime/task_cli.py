@@ -149,7 +149,7 @@ def _of_this_scope(records: list[TaskRecord], cfg: Config, args: argparse.Namesp
     """The tasks run by daemons of this configuration and plugin set (``runtime.scope``); says on
     stderr how many others the store holds. An explicit ``--store`` or ``--all`` shows them all."""
     scope = scope_of(args.config, cfg.plugins)
-    owners = owners_of(cfg.state_dir, scope)
+    owners = owners_of(cfg.state_dir, scope, bool(args.plugins))
     mine = [r for r in records if r.owner in owners]
     if len(mine) < len(records):
         print(f"toolcell tasks: {len(records) - len(mine)} task(s) of daemons with another configuration not shown "

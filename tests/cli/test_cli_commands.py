@@ -345,8 +345,10 @@ def test_an_address_in_use_is_reported_with_the_address_before_any_worker_starts
 
 def test_each_daemon_has_its_own_pidfile_and_reload_reaches_only_this_configurations(tmp_path: Path) -> None:
     """Two daemons share a state dir with other plugin sets (a test suite's, another project's):
-    ``toolcell reload`` reaches only the daemons of its own configuration, names them, counts the
-    others; ``--all`` reaches every one, ``--pid`` exactly one."""
+    ``toolcell reload`` reaches only the daemons of its own configuration (its config file, narrowed by
+    the plugin folders it names), names them, counts the others; ``--all`` reaches every one, ``--pid``
+    exactly one. (A bare ``toolcell reload`` is never run here: it would mean the daemons of the default
+    state dir serving the bundled plugins, which are not this test's.)"""
     import os
     import time
 
@@ -370,9 +372,12 @@ def test_each_daemon_has_its_own_pidfile_and_reload_reaches_only_this_configurat
         assert mine.returncode == 0, mine.stderr
         assert f"daemon {daemons[0].pid}" in mine.stdout and f"daemon {daemons[1].pid}" not in mine.stdout
         assert "left 1 daemon(s) of other configurations alone" in mine.stdout
-        nobody = toolcell("reload", "--config", str(config))  # the bundled plugins: no daemon serves them here
+        unserved = str(REPO / "plugins" / "textkit")
+        nobody = toolcell("reload", "--config", str(config), "--plugins", unserved)  # no daemon serves these
         assert nobody.returncode == 1
         assert "no running daemon of this configuration" in nobody.stderr and str(daemons[1].pid) in nobody.stderr
+        named = toolcell("reload", "--config", str(config))  # a config file names its daemons, whatever --plugins
+        assert named.returncode == 0 and all(f"daemon {d.pid}" in named.stdout for d in daemons), named.stdout
         everyone = toolcell("reload", "--config", str(config), "--all")
         assert everyone.returncode == 0, everyone.stderr
         assert all(f"daemon {d.pid}" in everyone.stdout for d in daemons), everyone.stdout

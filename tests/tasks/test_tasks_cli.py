@@ -150,6 +150,12 @@ def test_by_default_only_the_tasks_of_this_configurations_daemons_are_listed(tmp
     assert "1 task(s) of daemons with another configuration not shown" in out.stderr and "--all" in out.stderr
     everyone = toolcell("tasks", "--config", str(config), "--plugins", str(mine), "--json", "--all")
     assert [t["task_id"] for t in json.loads(everyone.stdout)] == [other.task_id, ours.task_id]
+    # The config file alone names both daemons (serve --plugins set their folders); another config neither.
+    named = toolcell("tasks", "--config", str(config), "--json")
+    assert [t["task_id"] for t in json.loads(named.stdout)] == [other.task_id, ours.task_id]
+    elsewhere = tmp_path / "other.toml"
+    elsewhere.write_text(f'state_dir = "{state}"\n')
+    assert json.loads(toolcell("tasks", "--config", str(elsewhere), "--json").stdout) == []
 
 
 def test_task_ids_never_begin_with_a_dash_and_one_that_does_is_shown_after_a_double_dash(tmp_path: Path) -> None:
