@@ -3,7 +3,7 @@
 # task store, a real Chromium to open the benchmark's HTML report), when they are missing. Part of
 # the README's test command, so a fresh machine (and CI's clean clone) gets them too.
 set -eu
-packages="redis-server chromium"
+packages="redis-server chromium haproxy"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

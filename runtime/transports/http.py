@@ -224,11 +224,19 @@ class HttpApp:
         return self.any_host or _host_name(rest) in self.hosts
 
     async def _healthz(self, r: Responder) -> None:
+        """Readiness: 200 only while this daemon wants requests. On SIGTERM it says "draining" (503)
+        for ``http.drain_s`` while it still serves, so a balancer stops sending before the listener
+        closes; then "stopping". ``catalog`` is the fingerprint of the tools it serves and
+        ``catalog_differs`` the daemons sharing its task store that serve another catalog."""
         daemon = self.daemon
-        ready = daemon.ready and not self.shutting_down
-        status = "ready" if ready else ("stopping" if self.shutting_down else "starting")
+        ready = daemon.ready and not self.shutting_down and not daemon.draining
+        status = "ready" if ready else ("stopping" if self.shutting_down else
+                                        "draining" if daemon.draining else "starting")
+        tasks = daemon.tasks
         body = rpc.encode({"status": status, "tools": len(daemon.catalog), "plugins": len(daemon.plugins),
-                           "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight})
+                           "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight,
+                           "catalog": daemon.catalog.fingerprint,
+                           "catalog_differs": tasks.catalogs_differing() if tasks is not None else []})
         await r.body(200 if ready else 503, body, headers=[(b"cache-control", b"no-store")])
 
     async def _plain_error(self, r: Responder, status: int, message: str, headers: Headers | None = None,
