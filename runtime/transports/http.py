@@ -81,6 +81,7 @@ _MODERN_HEADER_VALUES = frozenset(v.encode() for v in eras.MODERN_VERSIONS)
 _LEGACY_HEADER_VALUES = frozenset(v.encode() for v in eras.LEGACY_VERSIONS)
 _EXPOSE = b"mcp-session-id, mcp-protocol-version, retry-after, www-authenticate"
 _ALLOW = b"GET, POST, DELETE, OPTIONS"
+_RETRY_SOON: Headers = [(b"retry-after", b"1")]
 
 
 def _host_name(value: str) -> str:
@@ -367,7 +368,9 @@ class HttpApp:
             data, code = await done.work()
             if data is None:
                 return await r.body(202, b"", None)
-            return await r.body(status_of_code(code, modern) if code is not None else 200, data)
+            status = status_of_code(code, modern) if code is not None else 200
+            # 503 here is the task store being unavailable (a Redis restart): retryable, and said so.
+            return await r.body(status, data, headers=_RETRY_SOON if status == 503 else None)
         if type(done) is not Answered or done.data is None:
             return await r.body(202, b"", None)  # a notification, or a cancel (on HTTP, closing the stream cancels)
         status = status_of_code(done.error_code, modern) if done.error_code is not None else 200

@@ -77,9 +77,11 @@ def haproxy_config(replicas: int) -> str:
 class Redis:
     """A redis-server on a unix socket of its own, restartable on the same socket."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, persist: bool = False) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
+        #: ``appendonly yes``: what Redis holds survives its restart (as the README tells operators).
+        self.persist = persist
         self.socket = folder / "redis.sock"
         self.log = folder / "redis.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -88,7 +90,7 @@ class Redis:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [_binary("redis-server"), "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
-             "--save", "", "--appendonly", "no", "--dir", str(self.folder), "--logfile", str(self.log),
+             "--save", "", "--appendonly", "yes" if self.persist else "no", "--dir", str(self.folder), "--logfile", str(self.log),
              "--daemonize", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:
@@ -198,10 +200,11 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 
 
 @asynccontextmanager
-async def open_cluster(folder: Path, *plugins: Path, replicas: int = 3, **config: Any) -> AsyncIterator[Cluster]:
+async def open_cluster(folder: Path, *plugins: Path, replicas: int = 3, persist_redis: bool = False,
+                       **config: Any) -> AsyncIterator[Cluster]:
     """Redis, ``replicas`` toolcell daemons (started together) and HAProxy in front of them."""
     folder.mkdir(parents=True, exist_ok=True)
-    store = Redis(folder / "redis")
+    store = Redis(folder / "redis", persist=persist_redis)
     key_file = folder / "request-state.key"
     key_file.write_bytes(os.urandom(32).hex().encode())
     key_file.chmod(0o600)
