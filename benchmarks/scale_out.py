@@ -32,7 +32,6 @@ import psutil
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 HAPROXY_CFG = REPO / "deploy" / "haproxy" / "haproxy.cfg"
-IDLE_S = 5.0
 _SERVER_LINE = re.compile(r'^    server replica(\d+) "\$\{TOOLCELL_REPLICA_\1\}" check\n', re.MULTILINE)
 
 
@@ -157,6 +156,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--era", choices=["modern", "legacy"], default="modern")
     ap.add_argument("--json", help="keep the engine's report here")
+    ap.add_argument("--idle", type=float, default=5.0, help="seconds each set's idle CPU is measured (default 5)")
     args = ap.parse_args()
     for binary in ("haproxy", "redis-server"):
         if shutil.which(binary) is None and not os.path.exists(f"/usr/sbin/{binary}"):
@@ -192,8 +192,8 @@ def main() -> int:
         # What each set burns idle (health checks, heartbeats, spare workers), over a quiet while:
         # taken off its figure, since a set idles while the others are measured.
         quiet = {name: cpu_s(procs) for name, (procs, _) in sets.items()}
-        time.sleep(IDLE_S)
-        idle_rate = {name: (cpu_s(procs) - quiet[name]) / IDLE_S for name, (procs, _) in sets.items()}
+        time.sleep(args.idle)
+        idle_rate = {name: (cpu_s(procs) - quiet[name]) / args.idle for name, (procs, _) in sets.items()}
         started = time.monotonic()
         before = {name: cpu_s(procs) for name, (procs, _) in sets.items()}
         bench = [sys.executable, "-m", "runtime.cli", "bench", *targets, "--tool", "echo", "--args",
