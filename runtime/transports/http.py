@@ -31,6 +31,7 @@ import msgspec
 import trio
 
 from runtime.auth import Authenticator, Principal
+from runtime.oauth import AuthUnavailable, OAuthVerifier, TokenRefused, client_secret, metadata_paths
 from runtime.clock import clock_reader
 from runtime.daemon import Daemon
 from runtime.http_config import HttpConfig
@@ -109,7 +110,11 @@ class HttpApp:
         self.core = daemon.core
         self.cfg = cfg
         self.path = cfg.path
-        self.auth = Authenticator(cfg)
+        oauth = OAuthVerifier(cfg.oauth, secret=client_secret(cfg.oauth)) if cfg.oauth is not None else None
+        self.auth = Authenticator(cfg, oauth)
+        self.oauth = oauth
+        #: Where the RFC 9728 resource metadata is served (with OAuth on).
+        self._metadata_paths = frozenset(metadata_paths(cfg.oauth.resource)) if cfg.oauth is not None else frozenset()
         #: trio's clock, read in one call (``runtime.clock``).
         self._clock = clock_reader()
         self.hosts = set(_LOOPBACK_NAMES) | {_host_name(h) for h in cfg.allowed_hosts}
@@ -182,6 +187,8 @@ class HttpApp:
         if path != self.path:
             if path == "/healthz" and method in ("GET", "HEAD"):
                 return self._healthz(r)
+            if path in self._metadata_paths and method in ("GET", "HEAD", "OPTIONS"):
+                return self._resource_metadata(r, method)
             return r.body(404, b"Not Found\n", b"text/plain")
         if headers.size > self.cfg.max_header_bytes:
             # hypercorn caps only heads that arrive in pieces; this catches one that came whole.
@@ -203,10 +210,16 @@ class HttpApp:
             return r.body(204, b"", None, [(b"access-control-allow-methods", _ALLOW),
                                                  (b"access-control-allow-headers", requested),
                                                  (b"access-control-max-age", b"600")])
-        principal = self.auth.authenticate(headers.get(b"authorization"))
+        authorization = headers.get(b"authorization")
+        principal = self.auth.authenticate(authorization)
         if principal is None:
-            return self._plain_error(r, 401, "Unauthorized: a valid bearer token is required",
-                                           [(b"www-authenticate", b'Bearer realm="toolcell"')])
+            if authorization and self.oauth is not None:
+                return self._oauth_then(method, headers, receive, r, take_body, authorization, self.oauth)
+            return self._unauthorized(r)
+        return self._route(method, headers, principal, receive, r, take_body)
+
+    def _route(self, method: str, headers: RequestHeaders, principal: Principal, receive: Receive, r: Responder,
+               take_body: Callable[[], bytes | None] | None) -> Awaitable[None]:
         if method == "POST":
             return self._post(r, headers, principal, receive, take_body() if take_body is not None else None)
         if method == "GET":
@@ -214,6 +227,56 @@ class HttpApp:
         if method == "DELETE":
             return self._delete(r, headers, principal)
         return self._plain_error(r, 405, f"Method Not Allowed: {method}", [(b"allow", _ALLOW)])
+
+    def _unauthorized(self, r: Responder, refused: TokenRefused | None = None) -> Awaitable[None]:
+        oauth = self.oauth
+        if oauth is None:
+            return self._plain_error(r, 401, "Unauthorized: a valid bearer token is required",
+                                     [(b"www-authenticate", b'Bearer realm="toolcell"')])
+        status = refused.status if refused is not None else 401
+        why = f": {refused.description}" if refused is not None else ": a bearer token is required"
+        return self._plain_error(r, status, ("Forbidden" if status == 403 else "Unauthorized") + why,
+                                 [(b"www-authenticate", oauth.challenge(refused))])
+
+    async def _oauth_then(self, method: str, headers: RequestHeaders, receive: Receive, r: Responder,
+                          take_body: Callable[[], bytes | None] | None, authorization: bytes,
+                          oauth: OAuthVerifier) -> None:
+        """A token not seen before: check it with the issuer's keys (or introspection), then go on."""
+        try:
+            principal = await oauth.verify(authorization)
+        except TokenRefused as refused:
+            return await self._unauthorized(r, refused)
+        except AuthUnavailable as exc:
+            log("oauth_unavailable", level="warning", error=str(exc))
+            return await self._plain_error(r, 503, "Service Unavailable: access tokens cannot be checked now "
+                                           f"({exc}); retry later", [(b"retry-after", b"5")])
+        await self._route(method, headers, principal, receive, r, take_body)
+
+    async def _resource_metadata(self, r: Responder, method: str) -> None:
+        """RFC 9728 protected resource metadata (public: clients read it before they have a token)."""
+        oauth = self.oauth
+        assert oauth is not None
+        cors = [(b"access-control-allow-origin", b"*"), (b"cache-control", b"max-age=300")]
+        if method == "OPTIONS":
+            return await r.body(204, b"", None, [*cors, (b"access-control-allow-methods", b"GET, HEAD, OPTIONS"),
+                                                 (b"access-control-allow-headers", b"mcp-protocol-version")])
+        await r.body(200, oauth.metadata, headers=cors)
+
+    def _scope_refusal(self, r: Responder, principal: Principal, env: rpc.Envelope) -> Awaitable[None] | None:
+        """An OAuth principal calling a tool outside its scopes is told which scope to ask for (403
+        ``insufficient_scope``, RFC 6750), so that its client can step up; None when the tool is in
+        scope or does not exist (then it is answered like any unknown tool)."""
+        oauth = self.oauth
+        if oauth is None:
+            return None
+        name = requested_tool(env.params)
+        entry = self.daemon.catalog.get(name) if name else None
+        if entry is None or principal.allows(entry):
+            return None
+        refused = TokenRefused(403, "insufficient_scope", f"calling {name} needs scope plugin:{entry.plugin}",
+                               oauth.scope_for_plugin(entry.plugin))
+        self._audit_refused(env, principal, "insufficient_scope")
+        return self._unauthorized(r, refused)
 
     def _origin_ok(self, origin: str) -> bool:
         o = origin.strip().lower().rstrip("/")
@@ -347,6 +410,10 @@ class HttpApp:
                 return self._refuse(r, RateLimited(f"principal {principal.name}", wait), id_bytes)
         if isinstance(env, list):
             return self._legacy_batch(r, headers, principal, env)
+        if principal.oauth and not principal.all_tools and env.method == "tools/call":
+            refusal = self._scope_refusal(r, principal, env)
+            if refusal is not None:
+                return refusal
         req = self.core.parse(ConnState(), env)
         version = headers.get(b"mcp-protocol-version")
         if req.modern or (version is not None and version.strip() in _MODERN_HEADER_VALUES):

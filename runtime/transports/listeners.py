@@ -97,7 +97,7 @@ def is_loopback(host: str) -> bool:
 
 def check_exposure(cfg: HttpConfig, listen: tuple[str, int] | None) -> None:
     """Refuse (ValueError) to serve a non-loopback address without authentication, unless told to."""
-    if listen is not None and not is_loopback(listen[0]) and not cfg.tokens and not cfg.allow_unauthenticated:
+    if listen is not None and not is_loopback(listen[0]) and not cfg.tokens and cfg.oauth is None and not cfg.allow_unauthenticated:
         raise ValueError(f"refusing to serve {listen[0]} without authentication: add [[http.tokens]] to the config, "
                          "or set http.allow_unauthenticated = true")
 
