@@ -1,8 +1,8 @@
 #!/bin/sh
 # Installs the Debian packages the test suite uses as real peers (a real redis-server for the shared
 # task store, a real Chromium to open the benchmark's HTML report, haproxy in front of replicas),
-# when they are missing. Part of
-# the README's test command, so a fresh machine (and CI's clean clone) gets them too.
+# when they are missing. Part of the README's test command, so a fresh machine (and CI's clean
+# clone) gets them too.
 set -eu
 packages="redis-server chromium haproxy"
 missing=""

@@ -123,6 +123,7 @@ def write_replica_config(folder: Path, *, redis_url: str, key_file: Path, drain_
     folder.mkdir(parents=True, exist_ok=True)
     lines = ['policy = "none"', "min_workers = 1", "watch = false", f'state_dir = "{folder / "state"}"',
              f'state_key_file = "{key_file}"', "[http]", f"drain_s = {drain_s}", "shutdown_grace_s = 5",
+             'metrics_listen = "127.0.0.1:0"',
              "[tasks]", f'store = "{redis_url}"', f"heartbeat_s = {heartbeat_s}", f"orphan_after_s = {orphan_after_s}"]
     for principal, token in TOKENS.items():
         lines += ["[[http.tokens]]", f'principal = "{principal}"', f'sha256 = "{sha(token)}"']
@@ -152,6 +153,11 @@ class Cluster:
 
     def healthz_url(self, daemon: HttpDaemon) -> str:
         return daemon.url.rsplit("/", 1)[0] + "/healthz"
+
+    def metrics_url(self, daemon: HttpDaemon) -> str:
+        found = re.search(r"toolcell: metrics (http://\S+)", read_text(daemon.log))
+        assert found is not None, read_text(daemon.log)[-2000:]
+        return found.group(1)
 
     async def healthz(self, client: httpx2.AsyncClient, daemon: HttpDaemon) -> tuple[int, dict[str, Any]]:
         with trio.fail_after(WAIT_S):

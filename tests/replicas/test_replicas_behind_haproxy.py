@@ -220,6 +220,10 @@ async def test_legacy_sessions_stick_to_their_replica_and_hear_its_requests_and_
             health = {cluster.name_of(d): (await cluster.healthz(client, d))[1] for d in cluster.replicas}
             assert health["replica1"]["catalog"] == health["replica2"]["catalog"] != health["replica3"]["catalog"]
             assert health["replica1"]["catalog_differs"] == health["replica2"]["catalog_differs"]
+            with trio.fail_after(WAIT_S):
+                metrics = (await client.get(cluster.metrics_url(stale))).text
+            assert f'toolcell_catalog_info{{fingerprint="{health["replica3"]["catalog"]}"}} 1.0' in metrics
+            assert "toolcell_catalog_differing_replicas 2.0" in metrics
             sighup(stale)
             await streams["replica3"].wait_for(lambda m: m.get("method") == "notifications/tools/list_changed")
             await until(differing, lambda found: not any(found), within=WAIT_S)
