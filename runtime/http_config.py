@@ -12,6 +12,8 @@ Example::
     metrics_listen = "127.0.0.1:9464"
     audit_log = "/var/log/toolcell/audit.jsonl"   # or "-" for stderr
 
+    tokens_file = "/run/secrets/toolcell/tokens.toml"   # more [[tokens]], from a secret store
+
     [[http.tokens]]
     principal = "ci-bot"
     sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
@@ -105,6 +107,9 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     tokens: list[Token] = msgspec.field(default_factory=list)
+    #: A TOML file of more ``[[tokens]]`` tables (same fields), kept apart from the config so that it
+    #: can come from a secret store (a Kubernetes Secret, a systemd credential); read at start.
+    tokens_file: str | None = None
     #: Access tokens from an OAuth authorization server, beside (or instead of) the static tokens.
     oauth: OAuthConfig | None = None
     #: Serve a non-loopback address without tokens (refused unless set).
@@ -122,6 +127,17 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     max_requests_per_principal: Annotated[int, Meta(gt=0)] = 512
     #: Open client connections at once; more are answered 503 and closed.
     max_connections: Annotated[int, Meta(gt=0)] = 4096
+    #: Of those, how many may be unauthenticated (no request on them has passed authentication
+    #: yet: new, in their first head, or refused 401). Unset: a quarter of ``max_connections``.
+    #: The rest is kept for token holders; a new connection over this budget evicts the oldest
+    #: unauthenticated one, so a client with no token cannot lock token holders out.
+    max_unauthenticated_connections: Annotated[int, Meta(gt=0)] | None = None
+    #: Unauthenticated connections one client address (an IPv6 /64) may hold; past it, its own
+    #: oldest one is evicted.
+    max_unauthenticated_per_address: Annotated[int, Meta(gt=0)] = 32
+    #: Time an unauthenticated connection has, from its accept (or the end of its last
+    #: response), to send a whole request head; else 408 and close.
+    head_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     #: The HTTP server: "h1" (toolcell's lean HTTP/1.1 loop around the httptools/llhttp parser,
     #: the default and the fast path) or "hypercorn" (adds HTTP/2; ~10x the CPU per request).
     engine: Literal["h1", "hypercorn"] = "h1"
@@ -155,6 +171,13 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     metrics_listen: str | None = None
     audit_log: str | None = None
 
+    @property
+    def unauthenticated_budget(self) -> int:
+        """``max_unauthenticated_connections``, or its default: a quarter of ``max_connections``."""
+        if self.max_unauthenticated_connections is not None:
+            return self.max_unauthenticated_connections
+        return max(1, self.max_connections // 4)
+
 
 def check_http_config(cfg: HttpConfig) -> list[str]:
     problems: list[str] = []
@@ -169,6 +192,9 @@ def check_http_config(cfg: HttpConfig) -> list[str]:
         seen.add(tok.sha256)
         if not tok.principal.strip():
             problems.append(f"http.tokens[{i}].principal must not be empty")
+    if cfg.max_connections > 1 and cfg.unauthenticated_budget >= cfg.max_connections:
+        problems.append("http.max_unauthenticated_connections must be less than http.max_connections "
+                        "(the rest is what token holders are sure to get)")
     if cfg.oauth is not None:
         problems.extend(check_oauth_config(cfg.oauth))
     for field_name, address in (("listen", cfg.listen), ("metrics_listen", cfg.metrics_listen)):

@@ -93,6 +93,15 @@ def _host_name(value: str) -> str:
     return value.rsplit(":", 1)[0] if ":" in value else value
 
 
+def _header_title(name: bytes) -> str:
+    """A lower-case header name as its specification writes it (``mcp-session-id`` -> ``Mcp-Session-Id``)."""
+    text = name.decode("latin-1")
+    return _HEADER_TITLES.get(text) or "-".join(part.capitalize() for part in text.split("-"))
+
+
+_HEADER_TITLES = {"mcp-protocol-version": "MCP-Protocol-Version", "last-event-id": "Last-Event-ID"}
+
+
 def _count_off(counts: dict[str, int], name: str) -> None:
     """One fewer for ``name`` (a principal's share of requests or streams); none left: no entry."""
     left = counts[name] - 1
@@ -104,6 +113,10 @@ def _count_off(counts: dict[str, int], name: str) -> None:
 
 class HttpApp:
     """The ASGI application. One per daemon; it may be served on several listeners."""
+
+    #: It tells the server which connections passed authentication (the exchange's
+    #: ``authenticated``), so that the server can keep unauthenticated ones to their own budget.
+    vouches_for_connections = True
 
     def __init__(self, daemon: Daemon, cfg: HttpConfig, bound_hosts: Iterable[str] = ()) -> None:
         self.daemon = daemon
@@ -157,7 +170,7 @@ class HttpApp:
             if headers is None:
                 headers = RequestHeaders(scope["headers"])
             await self._serve(scope["method"], scope["path"], headers, receive, Responder(send, [], ext.get("toolcell.respond")),
-                              ext.get("toolcell.take_body"))
+                              ext.get("toolcell.take_body"), ext.get("toolcell.authenticated"))
         elif kind == "lifespan":
             await lifespan(receive, send)
 
@@ -166,12 +179,12 @@ class HttpApp:
         read back): the same request as ``__call__`` sees, from the exchange's own fields. (Not a
         coroutine itself: what it returns is awaited by the server, one frame fewer per wake.)"""
         return self._serve(x.method, x.path, x.headers, x.receive, Responder(x.send, [], x.respond, x.respond_json),
-                           x.take_body)
+                           x.take_body, x.authenticated)
 
     async def _serve(self, method: str, path: str, headers: RequestHeaders, receive: Receive, r: Responder,
-                     take_body: Callable[[], bytes | None] | None) -> None:
+                     take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None) -> None:
         try:
-            await self._http(method, path, headers, receive, r, take_body)
+            await self._http(method, path, headers, receive, r, take_body, vouch)
         except Exception as exc:  # noqa: BLE001 - our bug: answer 500 if we still can, never kill the server
             log("http_internal_error", level="error", error=f"{type(exc).__name__}: {exc}")
             if not r.started:
@@ -180,13 +193,24 @@ class HttpApp:
         self.status_counts[status] = self.status_counts.get(status, 0) + 1
 
     def _http(self, method: str, path: str, headers: RequestHeaders, receive: Receive, r: Responder,
-              take_body: Callable[[], bytes | None] | None) -> Awaitable[None]:
+              take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None) -> Awaitable[None]:
         """What to await to answer this request: the checks every request passes are plain calls, so
         a call's coroutine is awaited by ``_serve`` directly, not through one frame per check.
-        ``take_body``: the whole body if the server already has it (else None: read ``receive``)."""
+        ``take_body``: the whole body if the server already has it (else None: read ``receive``).
+        ``vouch``: the server's word for "this connection passed authentication" (h1's budget)."""
+        if headers.duplicate is not None:
+            # RFC 9112 3.2 (Host), and the same for every header a decision here reads: which of two
+            # values would count is exactly what an attacker would like to choose.
+            return self._plain_error(r, 400, f"Bad Request: the {_header_title(headers.duplicate)} header "
+                                     "appears more than once; send it once", [(b"connection", b"close")])
         if path != self.path:
-            if path == "/healthz" and method in ("GET", "HEAD"):
-                return self._healthz(r)
+            if method in ("GET", "HEAD"):
+                if path == "/healthz":
+                    return self._healthz(r)
+                if path == "/readyz":
+                    return self._readyz(r)
+                if path == "/livez":
+                    return r.body(200, b'{"status":"alive"}', headers=[(b"cache-control", b"no-store")])
             if path in self._metadata_paths and method in ("GET", "HEAD", "OPTIONS"):
                 return self._resource_metadata(r, method)
             return r.body(404, b"Not Found\n", b"text/plain")
@@ -214,12 +238,14 @@ class HttpApp:
         principal = self.auth.authenticate(authorization)
         if principal is None:
             if authorization and self.oauth is not None:
-                return self._oauth_then(method, headers, receive, r, take_body, authorization, self.oauth)
+                return self._oauth_then(method, headers, receive, r, take_body, authorization, self.oauth, vouch)
             return self._unauthorized(r)
-        return self._route(method, headers, principal, receive, r, take_body)
+        return self._route(method, headers, principal, receive, r, take_body, vouch)
 
     def _route(self, method: str, headers: RequestHeaders, principal: Principal, receive: Receive, r: Responder,
-               take_body: Callable[[], bytes | None] | None) -> Awaitable[None]:
+               take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None) -> Awaitable[None]:
+        if vouch is not None:
+            vouch()  # authenticated: the connection leaves the server's unauthenticated budget
         if method == "POST":
             return self._post(r, headers, principal, receive, take_body() if take_body is not None else None)
         if method == "GET":
@@ -240,7 +266,7 @@ class HttpApp:
 
     async def _oauth_then(self, method: str, headers: RequestHeaders, receive: Receive, r: Responder,
                           take_body: Callable[[], bytes | None] | None, authorization: bytes,
-                          oauth: OAuthVerifier) -> None:
+                          oauth: OAuthVerifier, vouch: Callable[[], None] | None = None) -> None:
         """A token not seen before: check it with the issuer's keys (or introspection), then go on."""
         try:
             principal = await oauth.verify(authorization)
@@ -250,7 +276,7 @@ class HttpApp:
             log("oauth_unavailable", level="warning", error=str(exc))
             return await self._plain_error(r, 503, "Service Unavailable: access tokens cannot be checked now "
                                            f"({exc}); retry later", [(b"retry-after", b"5")])
-        await self._route(method, headers, principal, receive, r, take_body)
+        await self._route(method, headers, principal, receive, r, take_body, vouch)
 
     async def _resource_metadata(self, r: Responder, method: str) -> None:
         """RFC 9728 protected resource metadata (public: clients read it before they have a token)."""
@@ -287,13 +313,27 @@ class HttpApp:
             return False
         return self.any_host or _host_name(rest) in self.hosts
 
+    @property
+    def ready(self) -> bool:
+        """Whether a balancer should send this daemon requests: its catalog is loaded and it is not
+        draining (SIGTERM with ``http.drain_s``: still serving) or shutting down. The one flag
+        ``/readyz`` and ``/healthz`` report."""
+        return self.daemon.ready and not self.daemon.draining and not self.shutting_down
+
+    async def _readyz(self, r: Responder) -> None:
+        """Readiness (Kubernetes' readinessProbe, a balancer's check): 200 while ``ready``, else 503.
+        Liveness is ``/livez``: 200 whenever the server answers, starting and draining included."""
+        ready = self.ready
+        await r.body(200 if ready else 503, b'{"ready":true}' if ready else b'{"ready":false}',
+                     headers=[(b"cache-control", b"no-store")])
+
     async def _healthz(self, r: Responder) -> None:
         """Readiness: 200 only while this daemon wants requests. On SIGTERM it says "draining" (503)
         for ``http.drain_s`` while it still serves, so a balancer stops sending before the listener
         closes; then "stopping". ``catalog`` is the fingerprint of the tools it serves and
         ``catalog_differs`` the daemons sharing its task store that serve another catalog."""
         daemon = self.daemon
-        ready = daemon.ready and not self.shutting_down and not daemon.draining
+        ready = self.ready
         status = "ready" if ready else ("stopping" if self.shutting_down else
                                         "draining" if daemon.draining else "starting")
         tasks = daemon.tasks
