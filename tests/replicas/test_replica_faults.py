@@ -149,6 +149,9 @@ async def test_a_drained_replica_refuses_nothing_and_a_killed_one_loses_only_its
             sigterm(drained)
             status, health = await until(lambda: cluster.healthz(client, drained), lambda h: h[0] == 503)
             assert health["status"] == "draining", health
+            base = cluster.healthz_url(drained).rsplit("/", 1)[0]
+            assert (await client.get(base + "/readyz")).status_code == 503  # readiness: out
+            assert (await client.get(base + "/livez")).status_code == 200  # liveness: still alive
             direct = Http(client, drained.url, TOKENS["alice"])
             status, reply = await direct.modern("tools/call", load.arguments("direct-while-draining"), ext=False)
             assert status == 200 and text_of(reply["result"]) == "done direct-while-draining"
