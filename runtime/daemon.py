@@ -71,6 +71,9 @@ class Daemon:
         #: Tasks (``runtime.tasks``), once the task store is open (None: ``toolcell call``, or no store).
         self.tasks: TaskManager | None = None
         self.ready = False
+        #: Set on SIGTERM for ``http.drain_s`` before the listeners close: ``/healthz`` says "draining"
+        #: (so a balancer stops sending) while requests are still served.
+        self.draining = False
         #: The spare worker interpreter (``runtime.spares``), once serving.
         self.spares: Spares | None = None
 
@@ -323,7 +326,8 @@ async def open_daemon(config: Config, describe_only: bool = False) -> AsyncItera
                 store = await _open_task_store(config)
                 try:
                     if store is not None:
-                        daemon.tasks = TaskManager(daemon.core, daemon.calls, store, config.tasks, nursery)
+                        daemon.tasks = TaskManager(daemon.core, daemon.calls, store, config.tasks, nursery,
+                                                    catalog_fingerprint=lambda: daemon.catalog.fingerprint)
                         await nursery.start(daemon.tasks.serve)
                     with spares_installed(daemon.spares):
                         yield daemon
