@@ -65,14 +65,18 @@ def awaiting_approval(plugin: Plugin) -> bool:
 
 
 def discover(dirs: Iterable[str]) -> list[Path]:
-    """Plugin folders: each directory given that holds a manifest, or its immediate subfolders that do."""
+    """Plugin folders: each directory given that holds a manifest, or its immediate subfolders that do.
+
+    A subfolder whose name starts with a dot is never a plugin: that is where folders are put together
+    before they are finished (``toolcell import`` and ``add`` move a folder in with one rename)."""
     found: list[Path] = []
     for d in dirs:
         root = Path(d).resolve()
         if (root / MANIFEST_NAME).is_file():
             found.append(root)
         elif root.is_dir():
-            found.extend(sorted(p for p in root.iterdir() if p.is_dir() and (p / MANIFEST_NAME).is_file()))
+            found.extend(sorted(p for p in root.iterdir()
+                                if not p.name.startswith(".") and p.is_dir() and (p / MANIFEST_NAME).is_file()))
         else:
             log("plugin_dir_missing", level="warning", path=str(root))
     return found

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
-from conftest import TIME_PACKAGE, connect, public, text, write_config
+from mcp.shared.exceptions import MCPError
+from conftest import HOSTILE, PYTHON, TIME_PACKAGE, connect, public, text, write_config
 
 from runtime import approvals
+from runtime.plugins import discover
 
 pytestmark = pytest.mark.filterwarnings("ignore:The logging capability is deprecated")
 REPO = Path(__file__).resolve().parents[2]
@@ -143,3 +148,72 @@ async def test_add_of_a_plugin_folder_copies_it_in_and_records_its_approval(
     assert code == 0, out + err
     assert (into / "notes" / "notes.py").is_file()
     assert approvals.load(str(own_state))[os.path.realpath(into / "notes")]["name"] == "notes"
+
+
+async def test_an_import_waiting_for_its_approval_is_not_served_by_a_daemon_watching_the_folder(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    own_state = tmp_path / "state"
+    own_state.mkdir(mode=0o711)
+    public(own_state)
+    config = write_config(tmp_path, own_state)
+    into = make_plugin("placed", "from sandbox import tool\n\n@tool\ndef here() -> str:\n    return 'here'\n")
+    public(into)
+    srv, shared = tmp_path / "srv", tmp_path / "shared"
+    for folder in (srv, shared):
+        folder.mkdir()
+        folder.chmod(0o777)
+    shutil.copy(HOSTILE, srv / "hostile_server.py")
+    (srv / "hostile_server.py").chmod(0o644)
+    config_file = tmp_path / "mcp.json"
+    config_file.write_text(json.dumps({"mcpServers": {"hostile": {"command": PYTHON,
+                                                                  "args": [str(srv / "hostile_server.py")]}}}))
+    log = tmp_path / "d.log"
+    async with connect(into, config, log) as client:
+        assert {t.name for t in (await client.list_tools()).tools} == {"here"}
+        # A person at a terminal, asked to approve a write grant and not answering yet.
+        person, terminal = pty.openpty()
+        importer = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "runtime.cli", "import", str(config_file), "--into", str(into), "--config",
+             str(config), "--read", f"hostile={srv}", "--write", f"hostile={shared}"],
+            cwd=str(REPO), stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        os.close(terminal)
+        try:
+            os.write(person, b"\n\n\n")  # the offered paths and hosts, as given by the flags
+            shown = b""
+            assert importer.stdout is not None
+            with trio.fail_after(30):
+                while b"[y/N]" not in shown:
+                    chunk = await importer.stdout.receive_some(4096)
+                    assert chunk, shown.decode()
+                    shown += chunk
+            assert f"write:    {shared}".encode() in shown
+            # The daemon reloads (as its watcher would, on whatever the import wrote) while the question is open.
+            reloads = log.read_text().count('"reload_done"')
+            code, _out, err = await toolcell("reload", "--config", str(config))
+            assert code == 0, err
+            with trio.fail_after(30):
+                while log.read_text().count('"reload_done"') == reloads:
+                    await trio.sleep(0.05)
+            names = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
+            assert names == {"here"}, "a plugin awaiting its approval is served"
+            with pytest.raises(MCPError, match="Unknown tool"):
+                await client.call_tool("hostile_write_file", {"path": str(shared / "x")})
+            assert not (shared / "x").exists()
+            assert not [p.name for p in into.iterdir() if p.name != "placed"], "the import stages in the plugins folder"
+            os.write(person, b"n\n")
+            with trio.fail_after(30):
+                assert await importer.wait() == 1
+        finally:
+            if importer.returncode is None:
+                importer.kill()
+                await importer.wait()
+            os.close(person)
+    assert sorted(p.name for p in into.iterdir()) == ["placed"]
+    assert not [p for p in own_state.rglob("*hostile*")], "the staged folder is left behind"
+
+
+def test_a_dot_folder_in_a_plugins_folder_is_never_discovered(tmp_path: Path) -> None:
+    for name in ("finished", ".finished.toolcell-new", ".hidden"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "plugin.toml").write_text('name = "x"\n')
+    assert discover([str(tmp_path)]) == [tmp_path.resolve() / "finished"]
