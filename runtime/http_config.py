@@ -12,6 +12,8 @@ Example::
     metrics_listen = "127.0.0.1:9464"
     audit_log = "/var/log/toolcell/audit.jsonl"   # or "-" for stderr
 
+    tokens_file = "/run/secrets/toolcell/tokens.toml"   # more [[tokens]], from a secret store
+
     [[http.tokens]]
     principal = "ci-bot"
     sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
@@ -105,6 +107,9 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     tokens: list[Token] = msgspec.field(default_factory=list)
+    #: A TOML file of more ``[[tokens]]`` tables (same fields), kept apart from the config so that it
+    #: can come from a secret store (a Kubernetes Secret, a systemd credential); read at start.
+    tokens_file: str | None = None
     #: Access tokens from an OAuth authorization server, beside (or instead of) the static tokens.
     oauth: OAuthConfig | None = None
     #: Serve a non-loopback address without tokens (refused unless set).

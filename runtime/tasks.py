@@ -333,6 +333,8 @@ class TaskManager:
         run.status_push = conn.push if not call.modern else None
         self.running[record.task_id] = run
         run.running = conn.start(call, NOWHERE, None, owner=run)
+        if self.calls.tracer is not None:
+            self.calls.trace_event(run.running.handle, "task.created", {"mcp.task.id": record.task_id})
         log("task_created", task=record.task_id, tool=call.entry.name, principal=principal, era=record.era)
         return self.core.task_created(call, _view(record)), None
 
@@ -365,6 +367,8 @@ class TaskManager:
         running.owner = run
         running.sink = NOWHERE
         sink.done(self.core.task_created(call, _view(record)))
+        if self.calls.tracer is not None:
+            self.calls.trace_event(running.handle, "task.created", {"mcp.task.id": record.task_id})
         log("task_created", task=record.task_id, tool=call.entry.name, principal=principal, era=record.era,
             after_ms=after_ms)
 
@@ -376,6 +380,8 @@ class TaskManager:
         if record is None:
             return None
         run.record = record
+        if self.calls.tracer is not None and run.running is not None:
+            self.calls.trace_event(run.running.handle, "task." + status, {"mcp.task.id": run.task_id})
         if status in task_shapes.TERMINAL:
             self.stats[status] = self.stats.get(status, 0) + 1
             log("task_" + status, task=run.task_id, tool=run.call.entry.name)

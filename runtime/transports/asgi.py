@@ -24,7 +24,7 @@ SSE_HEADERS: Headers = [(b"content-type", SSE), (b"cache-control", b"no-cache, n
 #: The request headers the transport reads (``RequestHeaders`` keeps these, and ``Mcp-Param-*``).
 WANTED_HEADERS = frozenset({b"host", b"origin", b"authorization", b"accept", b"content-type", b"content-length",
                      b"mcp-session-id", b"mcp-protocol-version", b"mcp-method", b"mcp-name",
-                     b"access-control-request-headers", b"last-event-id"})
+                     b"access-control-request-headers", b"last-event-id", b"traceparent", b"tracestate"})
 PARAM_PREFIX = b"mcp-param-"
 #: Of those, the ones whose value is a list by definition (RFC 9110 ``#`` rules): repeated lines
 #: are one list, joined with ``,``. Every other header the transport reads (and every

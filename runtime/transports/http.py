@@ -32,6 +32,7 @@ import trio
 
 from runtime.auth import Authenticator, Principal
 from runtime.oauth import AuthUnavailable, OAuthVerifier, TokenRefused, client_secret, metadata_paths
+from runtime.calls import TraceOrigin
 from runtime.clock import clock_reader
 from runtime.daemon import Daemon
 from runtime.http_config import HttpConfig
@@ -40,7 +41,17 @@ from runtime.protocol import eras
 from runtime.protocol import jsonrpc as rpc
 from runtime.connection import Answered, Connection, Deferred, Dispatched
 from runtime.running import NOWHERE
-from runtime.protocol.core import Batch, ConnState, Listen, Reply, Request, TaskRequest, ToolCall, requested_tool
+from runtime.protocol.core import (
+    Batch,
+    ConnState,
+    Listen,
+    Reply,
+    Request,
+    TaskRequest,
+    ToolCall,
+    requested_tool,
+    valid_traceparent,
+)
 from runtime.protocol.errors import (
     HeaderMismatch,
     HttpRefusal,
@@ -90,6 +101,16 @@ def _host_name(value: str) -> str:
         end = value.find("]")
         return value[: end + 1] if end > 0 else value
     return value.rsplit(":", 1)[0] if ":" in value else value
+
+
+def _trace_origin(headers: RequestHeaders, session_id: str | None) -> TraceOrigin:
+    """A request's W3C trace context headers (a malformed ``traceparent`` is ignored, as W3C says)."""
+    parent = headers.get(b"traceparent")
+    text = parent.decode("latin-1").strip() if parent is not None else None
+    if text is not None and not valid_traceparent(text):
+        text = None
+    state = headers.get(b"tracestate") if text is not None else None
+    return TraceOrigin(text, state.decode("latin-1")[:512] if state is not None else None, session_id, "tcp")
 
 
 def _header_title(name: bytes) -> str:
@@ -203,8 +224,13 @@ class HttpApp:
             return self._plain_error(r, 400, f"Bad Request: the {_header_title(headers.duplicate)} header "
                                      "appears more than once; send it once", [(b"connection", b"close")])
         if path != self.path:
-            if path == "/healthz" and method in ("GET", "HEAD"):
-                return self._healthz(r)
+            if method in ("GET", "HEAD"):
+                if path == "/healthz":
+                    return self._healthz(r)
+                if path == "/readyz":
+                    return self._readyz(r)
+                if path == "/livez":
+                    return r.body(200, b'{"status":"alive"}', headers=[(b"cache-control", b"no-store")])
             if path in self._metadata_paths and method in ("GET", "HEAD", "OPTIONS"):
                 return self._resource_metadata(r, method)
             return r.body(404, b"Not Found\n", b"text/plain")
@@ -307,9 +333,22 @@ class HttpApp:
             return False
         return self.any_host or _host_name(rest) in self.hosts
 
+    @property
+    def ready(self) -> bool:
+        """Whether a balancer should send this daemon requests: its catalog is loaded and it is not
+        shutting down. The one flag ``/readyz`` and ``/healthz`` report."""
+        return self.daemon.ready and not self.shutting_down
+
+    async def _readyz(self, r: Responder) -> None:
+        """Readiness (Kubernetes' readinessProbe, a balancer's check): 200 while ``ready``, else 503.
+        Liveness is ``/livez``: 200 whenever the server answers, starting and draining included."""
+        ready = self.ready
+        await r.body(200 if ready else 503, b'{"ready":true}' if ready else b'{"ready":false}',
+                     headers=[(b"cache-control", b"no-store")])
+
     async def _healthz(self, r: Responder) -> None:
         daemon = self.daemon
-        ready = daemon.ready and not self.shutting_down
+        ready = self.ready
         status = "ready" if ready else ("stopping" if self.shutting_down else "starting")
         body = rpc.encode({"status": status, "tools": len(daemon.catalog), "plugins": len(daemon.plugins),
                            "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight})
@@ -494,6 +533,8 @@ class HttpApp:
     async def _modern(self, r: Responder, headers: RequestHeaders, principal: Principal, req: Request,
                       id_bytes: bytes | None, can_sse: bool, receive: Receive) -> None:
         conn = self._connection(principal)
+        if self.daemon.calls.tracer is not None:
+            conn.origin = _trace_origin(headers, None)
         if req.method:
             if req.is_request and not req.modern:
                 return await self._refuse(r, InvalidParams(
@@ -581,6 +622,8 @@ class HttpApp:
         if isinstance(session, McpError):
             return self._refuse(r, session, id_bytes, modern=False)
         conn = session.conn
+        if self.daemon.calls.tracer is not None:  # this request's trace context (read when a call starts, now)
+            conn.origin = _trace_origin(headers, session.id)
         # Read once: the era choice already parsed it; only an early answer (an error, whose id
         # rule depends on the session's revision) is worded again for this session.
         if req is None or req.early is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import socket
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -212,3 +213,23 @@ def test_the_per_address_cap_counts_ipv4_clients_by_address_and_ipv6_clients_by_
     assert source_of(v6, ("2001:db8:1:2::1", 5, 0, 0)) != source_of(v6, ("2001:db8:1:3::1", 5, 0, 0))
     assert source_of(v6, ("::ffff:10.0.0.1", 5, 0, 0)) == "10.0.0.1"  # IPv4 on a dual-stack socket
     assert source_of(socket.AF_UNIX, "") is None
+
+
+def test_tokens_from_a_tokens_file_are_added_to_those_in_the_config(tmp_path: Path) -> None:
+    from runtime.config import ConfigError, load_config
+
+    secret = tmp_path / "tokens.toml"
+    secret.write_text(f'[[tokens]]\nprincipal = "ci"\nsha256 = "{"b" * 64}"\nscopes = ["plugin:mathkit"]\n')
+    inline = {"principal": "ops", "sha256": "a" * 64}
+    cfg = load_config(None, {"http": {"tokens": [inline], "tokens_file": str(secret)}})
+    assert [(t.principal, t.scopes) for t in cfg.http.tokens] == [("ops", ["*"]), ("ci", ["plugin:mathkit"])]
+    auth = Authenticator(cfg.http)
+    assert auth.enabled
+    secret.write_text('[[tokens]]\nprincipal = "ci"\nsha256 = "short"\n')
+    with pytest.raises(ConfigError, match=r"http.tokens\[0\].sha256 must be 64 lowercase hex"):
+        load_config(None, {"http": {"tokens_file": str(secret)}})
+    secret.write_text('listen = "0.0.0.0:1"\n')
+    with pytest.raises(ConfigError, match="expected only \\[\\[tokens\\]\\] tables"):
+        load_config(None, {"http": {"tokens_file": str(secret)}})
+    with pytest.raises(ConfigError, match="tokens_file .*missing.toml: No such file"):
+        load_config(None, {"http": {"tokens_file": str(tmp_path / "missing.toml")}})

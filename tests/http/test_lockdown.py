@@ -71,6 +71,16 @@ def test_healthz_reports_readiness_without_authentication(locked_server: ServerP
     assert client.get(locked_server.base + "/other").status_code == 404
 
 
+def test_readiness_and_liveness_are_answered_apart_without_authentication(locked_server: ServerProcess,
+                                                                          client: httpx2.Client) -> None:
+    ready = client.get(locked_server.base + "/readyz")
+    assert (ready.status_code, ready.json()) == (200, {"ready": True})
+    assert ready.headers["cache-control"] == "no-store"
+    alive = client.get(locked_server.base + "/livez")
+    assert (alive.status_code, alive.json()) == (200, {"status": "alive"})
+    assert client.head(locked_server.base + "/readyz").status_code == 200
+
+
 def test_a_tool_outside_the_tokens_scopes_is_indistinguishable_from_an_unknown_tool(
         locked_server: ServerProcess, client: httpx2.Client) -> None:
     alpha = TOKENS["alpha"]
