@@ -86,6 +86,9 @@ class SecretSource(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     credential: str | None = None
     #: When given: the only hosts a plugin may bind this secret to.
     hosts: list[str] | None = None
+    #: When given: the only plugins (by name) that may use this secret at all; any other plugin that
+    #: declares it is refused at load, whatever host it names and whoever approves it.
+    plugins: list[str] | None = None
 
 
 def check_sources(sources: Mapping[str, SecretSource]) -> list[str]:
@@ -323,6 +326,10 @@ class SecretStore:
             if src is None:
                 problems.append(f"secret {name}: the operator supplies no value (add it to the daemon's config: "
                                 f"[secrets] {name} = {{ env = \"...\" }}, {{ file = \"...\" }} or {{ credential = \"...\" }})")
+                continue
+            if src.plugins is not None and plugin not in src.plugins:
+                problems.append(f"secret {name}: the operator allows it only to plugin(s) {', '.join(src.plugins)}, "
+                                f"not {plugin}")
                 continue
             host = binding_host(spec.host)  # checked with the manifest
             if src.hosts is not None and host not in {normalize_host(h) for h in src.hosts}:

@@ -133,6 +133,17 @@ def test_the_store_refuses_a_secret_the_operator_has_no_value_for_or_allows_else
     # Unguessable: another daemon (another key) gives another placeholder; another plugin too.
     assert SecretStore({}, str(tmp_path)).placeholder("p", "A") != store.placeholder("p", "A")
     assert store.placeholder("q", "A") != store.placeholder("p", "A")
+
+
+def test_the_operator_may_name_the_only_plugins_that_may_use_a_secret(tmp_path: Path) -> None:
+    store = SecretStore({"A": SecretSource(env="A_VALUE", plugins=["github"])}, str(tmp_path),
+                        environ={"A_VALUE": "value-of-a"})
+    with pytest.raises(SecretError) as info:
+        store.for_plugin("lookalike", {"A": SecretSpec("api.example.com")})
+    assert "secret A: the operator allows it only to plugin(s) github, not lookalike" in info.value.reason
+    assert "value-of-a" not in info.value.reason
+    (binding,) = store.for_plugin("github", {"A": SecretSpec("api.example.com")}).bindings
+    assert binding.value == b"value-of-a"
     assert os.stat(tmp_path / CA_KEY).st_mode & 0o777 == 0o600
 
 
