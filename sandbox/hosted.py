@@ -37,10 +37,13 @@ class _Channel(Protocol):
     def send(self, msg: Any) -> None: ...
 
 
-def _exec_child(argv: list[str], env: dict[str, str], report_fd: int, ipc_fd: int, cwd: str) -> None:
+def _exec_child(argv: list[str], env: dict[str, str], report_fd: int, cwd: str) -> None:
     """In the forked child: exec the server; on failure write why to ``report_fd``. Never returns."""
     try:
-        os.close(ipc_fd)
+        # Nothing of the supervisor's but stdio reaches the server: the IPC socket and anything else
+        # (``report_fd`` is close-on-exec: it goes at ``execve``).
+        os.closerange(3, report_fd)
+        os.closerange(report_fd + 1, 1 << 20)
         hygiene.forked_from_single_thread()
         # Dies with this process (not through ``arm_parent_death_signal``, whose re-parenting check
         # compares against the daemon's pid).
@@ -61,15 +64,19 @@ def _exec_child(argv: list[str], env: dict[str, str], report_fd: int, ipc_fd: in
 
 def run(chan: _Channel, init: Init, layers: list[str], missing: list[str]) -> None:
     """Start the server and supervise it until it exits; then exit with its status. Never returns."""
-    sock = chan.sock
     send = chan.send
+    # Undumpable (set after every uid change of the isolation, which would clear it): a process of the
+    # same uid, the server included, can then neither ptrace this one, nor take its descriptors
+    # (pidfd_getfd), nor open its /proc/<pid>/mem or /proc/<pid>/fd. The server gets its own,
+    # dumpable, mm at execve.
+    syscalls.prctl(syscalls.PR_SET_DUMPABLE, 0)
     argv = list(init.command)
     env = dict(os.environ)
     report_r, report_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
         os.close(report_r)
-        _exec_child(argv, env, report_w, sock.fileno(), init.plugin_dir)
+        _exec_child(argv, env, report_w, init.plugin_dir)
     os.close(report_w)
     failure = b""
     while True:
@@ -89,6 +96,8 @@ def run(chan: _Channel, init: Init, layers: list[str], missing: list[str]) -> No
     os.dup2(null, 1)
     os.close(null)
     send(Ready(pid, [], layers=layers, missing=missing))
+    # The daemon reads nothing more from this channel: closed, there is nothing left here to take.
+    chan.sock.close()
     code = 0
     while True:
         try:
