@@ -97,6 +97,19 @@ def raw_frames(kind: str, count: int = 1) -> str:
 
 
 @tool
+def fd_list() -> dict:
+    """Every descriptor this process holds and what it points to (the listing's own one, closed by the
+    time it is read back, is left out)."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[name] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+    return out
+
+
+@tool
 def log_flood(count: int, size: int) -> str:
     """Send ``count`` log messages of ``size`` characters as fast as possible."""
     ctx = current()

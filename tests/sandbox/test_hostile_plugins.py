@@ -119,6 +119,23 @@ async def test_a_hand_made_frame_fails_its_call_and_recycles_the_worker(peer: St
     await still_serving(peer)
 
 
+async def test_a_plugin_sees_only_its_stdio_and_its_ipc_channel(peer: StdioPeer, mode: str) -> None:
+    # The whole list of descriptors plugin code may see, pooled and per_call: stdin (/dev/null), stdout
+    # and stderr (pipes to the daemon's log) and the one socket its tool's frames go out on (pooled: the
+    # worker's IPC socket to the daemon, fd 3; per_call: the call process's socket to its relay). Nothing
+    # the worker's own runtime holds (the call guard's views of /proc, the zygote's control socket, the
+    # relay's daemon channel) may be among them: plugin code runs in the same process and could use it.
+    for _ in range(2):  # and again on a worker that has already served a call
+        response = await peer.call("fd_list", {})
+        fds = response["result"]["structuredContent"]
+        assert set(fds) - {"0", "1", "2"} and len(fds) == 4, fds
+        ipc = (set(fds) - {"0", "1", "2"}).pop()
+        assert fds[ipc].startswith("socket:"), fds
+        assert fds["0"] == "/dev/null" and fds["1"].startswith("pipe:") and fds["2"].startswith("pipe:"), fds
+        if mode == "pooled":
+            assert ipc == "3", fds
+
+
 async def test_a_log_flood_is_cut_to_the_call_budget_and_the_daemon_stays_small(peer: StdioPeer) -> None:
     daemon = psutil.Process(peer.proc.pid)
     await still_serving(peer)
