@@ -764,11 +764,11 @@ class WorkerPool:
                             self._start_deadline(pending[0])
                         else:
                             self._make_available(worker)
-                    elif head is None or msg.id != head.call.id or head.result is not None:
-                        raise WorkerFailure("garbage", "the worker sent an unexpected frame")
-                    elif kind is wire.Progress or kind is wire.Log:
+                    elif (kind is wire.Progress or kind is wire.Log) and head is not None and msg.id == head.call.id \
+                            and head.result is None:
                         self._relay(head, msg, len(raw_frame))
-                    elif kind is wire.Ask and head.asking is None:
+                    elif kind is wire.Ask and head is not None and msg.id == head.call.id and head.asking is None \
+                            and head.result is None:
                         self._ask(head, msg, worker)
                     else:
                         raise WorkerFailure("garbage", "the worker sent an unexpected frame")
