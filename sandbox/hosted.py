@@ -5,14 +5,17 @@ any executable) rather than code written for ``sandbox.api``. Its worker starts 
 other worker -- ``Init`` over the IPC fd, every isolation layer applied by ``sandbox.isolation`` --
 and then, instead of importing a plugin, comes here:
 
-1. fork; the child drops the IPC fd and ``execve``s ``init.command`` with the environment as the
+1. become undumpable (``PR_SET_DUMPABLE`` 0: the server, same uid, cannot ptrace this process, take
+   its descriptors with ``pidfd_getfd`` or open its ``/proc/<pid>/mem`` and ``/proc/<pid>/fd``);
+   fork; the child closes every fd but stdio and ``execve``s ``init.command`` with the environment as the
    isolation left it (the manifest's allowlist, plus the egress proxy variables when the plugin
    holds a network grant), in the plugin folder (read-only: relative paths in the command work as
    they read; ``HOME`` is the private scratch dir). It inherits stdin and stdout, which are pipes to the daemon: the daemon
    speaks MCP to it over them as a client; its stderr is a third pipe, logged (capped) by the daemon.
    Landlock, seccomp, the namespaces, the cgroup and the rlimits carry over ``execve``.
 2. this process (pid 1 of the worker's pid namespace when namespaces are on) reports ``Ready`` --
-   or ``LoadFailed`` with the reason the ``execve`` failed -- then only reaps: every orphan of the
+   or ``LoadFailed`` with the reason the ``execve`` failed --, closes the IPC socket (the daemon reads
+   nothing more from it), then only reaps: every orphan of the
    namespace is re-parented to it. When the server exits, it exits with the same status, and with
    pid 1 the kernel kills whatever the server left behind in the namespace.
 
