@@ -6,14 +6,22 @@ written atomically). Only those commands write it; the daemon only reads it. No 
 no tool reaches it: a worker cannot write the state dir (Landlock, a read-only mount view, another
 uid), and nothing in the MCP conversation touches approvals.
 
-Approvals are kept per plugin folder (its real path). Every load of a plugin with a recorded approval -- at start and at every hot reload -- compares its
-manifest with the record (``check``). A manifest that asks for more (a path outside the approved
-ones, a new network entry or environment variable, a variable copied from the daemon's environment
-that was approved as a fixed value, a higher limit, a different server package, command, executable
-or arguments, more server instances or instances per principal, a new dependency, source builds, a
-different name or prefix) is refused with the difference; on a hot reload the approved version keeps
-serving and the difference is reported (``plugin_reload_failed``, ``toolcell list``) until
-``toolcell approve NAME``.
+Approvals are kept per plugin folder (its real path). Every load of a plugin with a recorded approval
+-- at start and at every hot reload -- compares its manifest with the record (``check``). ``FIELDS``
+classifies every manifest field: covered by the approval, with the change that widens it (what the
+plugin can reach, run, consume, or who shares its state: a path outside the approved ones, a new
+network entry, dependency or environment variable, a changed fixed value of one, a higher limit,
+another package, command or argument, ``per_principal`` turned off, ``isolation`` from "per_call" to
+"pooled", a different name or prefix, ...), or not security-relevant, with why. A change in the
+widening direction is refused with the difference; the opposite change loads. On a hot reload the
+approved version keeps serving and the difference is reported (``plugin_reload_failed``, ``toolcell
+list``) until ``toolcell approve NAME``. A test fails when a manifest field is not in ``FIELDS``.
+
+Fixed environment values (``env.set``) are recorded only as HMAC-SHA256 digests under a random key
+kept beside the file (``approvals.key``, 0600): the record never holds a secret in plaintext, and a
+changed value is seen without showing either value. A record written before a field was compared
+counts as approving that field at its narrowest, so a plugin asking more is approved once more (its
+reason says so).
 
 Paths are compared as the sandbox applies them, resolved (``realpath``); where each approved path
 led is recorded with it. A path with ``..`` or a symlink in it is approved only as exactly that
@@ -32,11 +40,15 @@ refuses to write to it.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import stat
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import msgspec
 
@@ -46,6 +58,9 @@ from runtime.server_spec import ServerSpec
 from sandbox.wire import Limits
 
 FILE = "approvals.json"
+#: The key under which fixed environment values are recorded (HMAC-SHA256), created by the first approval.
+KEY_FILE = "approvals.key"
+KEY_BYTES = 32
 #: How a held plugin's problem starts (``runtime.plugins.awaiting_approval`` looks for it).
 HELD = "needs approval:"
 
@@ -56,10 +71,12 @@ class ApprovalsError(Exception):
 
 #: What a server asks for when the manifest has none (a plugin of kind "plugin"): the defaults.
 _NO_SERVER = ServerSpec()
+_LIMITS = Limits()
 
 
-def grants(manifest: Manifest) -> dict[str, Any]:
-    """What ``manifest`` asks for, as recorded and compared."""
+def grants(manifest: Manifest, secret: bytes = b"") -> dict[str, Any]:
+    """What ``manifest`` asks for, as recorded and compared. Fixed environment values are kept only as
+    an HMAC under ``secret`` (the state dir's approvals key): the record never holds them in plaintext."""
     p = manifest.permissions
     s = manifest.server or _NO_SERVER
     runs: Any = None
@@ -78,6 +95,7 @@ def grants(manifest: Manifest) -> dict[str, Any]:
         "env": sorted(set(manifest.env.allow) | set(manifest.env.set)),
         "env_allow": sorted(set(manifest.env.allow)),
         "env_set": sorted(set(manifest.env.set)),
+        "env_values": {var: _digest(secret, var, value) for var, value in sorted(manifest.env.set.items())},
         "limits": msgspec.structs.asdict(manifest.limits),
         "runs": runs,
         "bin": s.bin,
@@ -85,16 +103,65 @@ def grants(manifest: Manifest) -> dict[str, Any]:
         "instances": s.instances,
         "per_principal": s.per_principal,
         "max_principals": s.max_principals,
+        "cancel_grace_s": s.cancel_grace_s,
+        "start_timeout_s": s.start_timeout_s,
+        "isolation": manifest.isolation,
         "dependencies": sorted(set(manifest.dependencies)),
         "allow_source_builds": manifest.allow_source_builds,
     }
+
+
+def _digest(secret: bytes, var: str, value: str) -> str:
+    return hmac.new(secret, f"{var}\0{value}".encode(), hashlib.sha256).hexdigest()
+
+
+# -- what each manifest field means to an approval ------------------------------------------------------
+#
+# Every field of a manifest is in ``FIELDS``: either covered by an approval, with the change that widens
+# it (a person must approve that change; the opposite change loads), or not security-relevant, with why.
+# ``exceeds`` runs the comparisons of the covered ones, and nothing else: a field that is not in the
+# table is compared by nothing, which is why a test fails when ``Manifest`` has a field the table lacks.
+
+#: How a field an older approval did not record is shown (``check`` then says why it asks again).
+UNRECORDED = "(not recorded)"
+Compare = Callable[[dict[str, Any], dict[str, Any]], list[str]]
+
+
+@dataclass(frozen=True)
+class Covered:
+    """Approved: a change in the direction ``widens`` holds the plugin until a person approves it."""
+
+    widens: str
+    compare: Compare
+
+
+@dataclass(frozen=True)
+class NotCovered:
+    """Not security-relevant: it changes neither what the plugin can reach nor who shares its state."""
+
+    why: str
+
+
+def _was(approved: dict[str, Any], field: str) -> str:
+    return repr(approved[field]) if field in approved else UNRECORDED
+
+
+def _name(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
+    return [] if asked["name"] == approved.get("name") else [f"name: {_was(approved, 'name')} -> {asked['name']!r}"]
+
+
+def _prefix(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
+    # Tool names are the prefix + names the plugin's code picks: a longer prefix only narrows them.
+    if "prefix" in approved and asked["prefix"].startswith(approved["prefix"]):
+        return []
+    return [f"prefix: {_was(approved, 'prefix')} -> {asked['prefix']!r}"]
 
 
 def _under(real: str, roots: list[str]) -> bool:
     return any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def _paths(kind: str, asked: list[str], approved: list[str], real: dict[str, str]) -> list[str]:
+def _beyond(kind: str, asked: list[str], approved: list[str], real: dict[str, str]) -> list[str]:
     """Requested paths beyond the approved ones, compared as the sandbox applies them: real paths.
 
     A path with ``..`` or a symlink in it is approved only as exactly that string (where it leads
@@ -110,27 +177,23 @@ def _paths(kind: str, asked: list[str], approved: list[str], real: dict[str, str
     return more
 
 
-def _was(approved: dict[str, Any], field: str) -> str:
-    return repr(approved[field]) if field in approved else "(not recorded)"
+def _read(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
+    ok = list(approved.get("read", [])) + list(approved.get("write", []))
+    return _beyond("read", asked["read"], ok, dict(approved.get("real", {})))
 
 
-def exceeds(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
-    """What ``asked`` wants beyond ``approved`` (empty: nothing more), one line per item.
+def _write(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
+    return _beyond("write", asked["write"], list(approved.get("write", [])), dict(approved.get("real", {})))
 
-    A field an older approval did not record counts as approved at its least: no dependencies, one
-    instance, no source builds, no package arguments; a prefix, a name or a path's target it did not
-    record is compared with what the plugin asks for now."""
+
+def _added(field: str, words: str) -> Compare:
+    def compare(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
+        return [f"+ {words} {item}" for item in asked[field] if item not in approved.get(field, [])]
+    return compare
+
+
+def _env(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
     more: list[str] = []
-    if asked["name"] != approved.get("name"):
-        more.append(f"name: {_was(approved, 'name')} -> {asked['name']!r}")
-    # Tool names are the prefix + names the plugin's code picks: a longer prefix only narrows them.
-    if "prefix" not in approved or not asked["prefix"].startswith(approved["prefix"]):
-        more.append(f"prefix: {_was(approved, 'prefix')} -> {asked['prefix']!r}")
-    real = dict(approved.get("real", {}))
-    ok_write = list(approved.get("write", []))
-    more += _paths("read", asked["read"], list(approved.get("read", [])) + ok_write, real)
-    more += _paths("write", asked["write"], ok_write, real)
-    more += [f"+ network {e}" for e in asked["network"] if e not in approved.get("network", [])]
     ok_allow = list(approved.get("env_allow", []))
     ok_set = list(approved.get("env_set", [])) + ok_allow
     for v in asked["env_allow"]:
@@ -138,30 +201,153 @@ def exceeds(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
             more.append(f"env {v}: a fixed value -> the daemon's own value (env.allow)")
         elif v not in ok_allow:
             more.append(f"+ env {v}")
-    more += [f"+ env {v}" for v in asked["env_set"] if v not in ok_set]
-    limits = approved.get("limits", {})
-    defaults = msgspec.structs.asdict(Limits())
-    for key, value in asked["limits"].items():
-        old = limits.get(key, defaults.get(key))
-        if isinstance(value, (int, float)) and isinstance(old, (int, float)) and value > old:
-            more.append(f"limits.{key}: {old:g} -> {value:g}")
+    values = approved.get("env_values")
+    for v in asked["env_set"]:
+        if v not in ok_set:
+            more.append(f"+ env {v}")
+        elif v in ok_allow:
+            continue  # the daemon's own value was approved; a fixed one carries less
+        elif values is None:
+            more.append(f"env {v}: its fixed value {UNRECORDED}")
+        elif values.get(v) != asked["env_values"][v]:
+            more.append(f"env {v}: a different fixed value")  # values are secrets: never shown
+    return more
+
+
+def _runs(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
     if asked.get("runs") != approved.get("runs"):
-        more.append(f"runs: {approved.get('runs')!r} -> {asked.get('runs')!r}")
-    elif isinstance(asked.get("runs"), str):  # a package: its executable and arguments are not in ``runs``
+        return [f"runs: {approved.get('runs')!r} -> {asked.get('runs')!r}"]
+    more: list[str] = []
+    if isinstance(asked.get("runs"), str):  # a package: its executable and arguments are not in ``runs``
         for field in ("bin", "args"):
             if asked[field] != approved.get(field, getattr(_NO_SERVER, field)):
                 more.append(f"server.{field}: {_was(approved, field)} -> {asked[field]!r}")
-    if asked["instances"] > approved.get("instances", _NO_SERVER.instances):
-        more.append(f"server.instances: {approved.get('instances', _NO_SERVER.instances)} -> {asked['instances']}")
-    if asked["per_principal"]:
-        if not approved.get("per_principal", False):
-            more.append("server.per_principal: false -> true")
-        if asked["max_principals"] > approved.get("max_principals", _NO_SERVER.max_principals):
-            more.append(f"server.max_principals: {approved.get('max_principals', _NO_SERVER.max_principals)} -> "
-                        f"{asked['max_principals']}")
-    more += [f"+ dependency {d}" for d in asked["dependencies"] if d not in approved.get("dependencies", [])]
+    return more
+
+
+def _higher(path: str, unrecorded: float, words: str = "") -> Compare:
+    """A number whose higher value widens; ``path`` is ``field`` or ``table.field`` in the record."""
+    table, _, field = path.rpartition(".")
+
+    def compare(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
+        value = asked[table][field] if table else asked[field]
+        recorded = approved.get(table, {}) if table else approved
+        old = recorded.get(field, unrecorded)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= old:
+            return []
+        return [f"{words or path}: {old:g} -> {value:g}"]
+    return compare
+
+
+def _per_principal(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
+    old = approved.get("per_principal", _NO_SERVER.per_principal)
+    if asked["per_principal"] == old:
+        return []
+    why = ("every principal shares one server's state" if old else
+           f"up to {asked['max_principals']} principals start servers of their own")
+    return [f"server.per_principal: {str(old).lower()} -> {str(asked['per_principal']).lower()} ({why})"]
+
+
+_max_principals = _higher("max_principals", _NO_SERVER.max_principals, "server.max_principals")
+
+
+def _principals(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
+    return _max_principals(asked, approved) if asked["per_principal"] else []
+
+
+#: From the narrowest to the widest: a pooled worker's module state is shared by every caller it serves.
+_ISOLATION = ("per_call", "pooled")
+
+
+def _isolation(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
+    if asked.get("runs") is not None:
+        return []  # a server brings its own processes (``runtime.hosted``): isolation is always "pooled"
+    # Not recorded: approved before it was compared, so only the narrowest counts as approved.
+    old = approved.get("isolation")
+    least = old if old in _ISOLATION else _ISOLATION[0]
+    if _ISOLATION.index(asked["isolation"]) <= _ISOLATION.index(least):
+        return []
+    return [f"isolation: {old!r} -> {asked['isolation']!r} (callers share the module state of one process)"
+            if old is not None else f"isolation: {UNRECORDED} -> {asked['isolation']!r}"]
+
+
+def _source_builds(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
     if asked["allow_source_builds"] and not approved.get("allow_source_builds", False):
-        more.append("allow_source_builds: false -> true")
+        return ["allow_source_builds: false -> true"]
+    return []
+
+
+def _limit(field: str) -> Covered:
+    return Covered("higher", _higher(f"limits.{field}", getattr(_LIMITS, field)))
+
+
+_WHAT_RUNS = Covered("any change", _runs)
+_ENV = Covered("an added name, a name moved from env.set to env.allow, a changed fixed value", _env)
+_TOOL_POLICY = NotCovered("whether and when a call may run as a task: the same code with the same grants, for the "
+                          "same caller")
+
+#: Every manifest field (``table.field``; ``tools.*.field`` for each tool's table): covered by an approval,
+#: and which change widens it, or not security-relevant, and why. Compared in this order.
+FIELDS: dict[str, Covered | NotCovered] = {
+    "name": Covered("any change", _name),
+    "prefix": Covered("any change but a longer prefix that starts with the approved one", _prefix),
+    "permissions.read": Covered("a path not under an approved read or write path", _read),
+    "permissions.write": Covered("a path not under an approved write path", _write),
+    "permissions.network": Covered("an added entry", _added("network", "network")),
+    "env.allow": _ENV,
+    "env.set": _ENV,
+    "limits.timeout_s": _limit("timeout_s"),
+    "limits.memory_mb": _limit("memory_mb"),
+    "limits.cpu_s": _limit("cpu_s"),
+    "limits.max_concurrency": _limit("max_concurrency"),
+    "limits.max_output_bytes": _limit("max_output_bytes"),
+    "limits.max_open_files": _limit("max_open_files"),
+    "limits.max_file_size_mb": _limit("max_file_size_mb"),
+    "limits.max_queue": _limit("max_queue"),
+    "limits.max_processes": _limit("max_processes"),
+    "limits.max_notifications": _limit("max_notifications"),
+    "limits.max_notification_bytes": _limit("max_notification_bytes"),
+    "limits.ask_timeout_s": _limit("ask_timeout_s"),
+    "limits.max_asks": _limit("max_asks"),
+    "limits.max_parked": _limit("max_parked"),
+    "kind": _WHAT_RUNS,
+    "server.command": _WHAT_RUNS,
+    "server.package": _WHAT_RUNS,
+    "server.bin": _WHAT_RUNS,
+    "server.args": _WHAT_RUNS,
+    "server.instances": Covered("higher", _higher("instances", _NO_SERVER.instances, "server.instances")),
+    "server.per_principal": Covered("any change: to false, principals share one server's state; to true, up to "
+                                    "max_principals times the servers run", _per_principal),
+    "server.max_principals": Covered("higher, with per_principal", _principals),
+    "server.cancel_grace_s": Covered("higher", _higher("cancel_grace_s", _NO_SERVER.cancel_grace_s,
+                                                       "server.cancel_grace_s")),
+    "server.start_timeout_s": Covered("higher", _higher("start_timeout_s", _NO_SERVER.start_timeout_s,
+                                                        "server.start_timeout_s")),
+    "isolation": Covered('"per_call" -> "pooled": one process, and its module state, serves every caller', _isolation),
+    "dependencies": Covered("an added requirement", _added("dependencies", "dependency")),
+    "allow_source_builds": Covered("false -> true", _source_builds),
+    "version": NotCovered("a label: the folder's code may change under any version, and is not what is approved"),
+    "entry": NotCovered("which module of the folder's own code runs: that code is not what is approved (any file "
+                        "of the folder may change), the grants it runs with are"),
+    "description": NotCovered("words for people"),
+    "tools.*.task_support": _TOOL_POLICY,
+    "tools.*.task_after_ms": _TOOL_POLICY,
+}
+
+
+def exceeds(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
+    """What ``asked`` wants beyond ``approved`` (empty: nothing more), one line per item: the comparison
+    of every covered field of ``FIELDS``.
+
+    A field an older approval did not record counts as approved at its least: no dependencies, one
+    instance, no source builds, no package arguments, isolation per call, no fixed value; a prefix, a
+    name or a path's target it did not record is compared with what the plugin asks for now."""
+    more: list[str] = []
+    done: set[int] = set()
+    for rule in FIELDS.values():
+        if isinstance(rule, Covered) and id(rule.compare) not in done:
+            done.add(id(rule.compare))
+            more += rule.compare(asked, approved)
     return more
 
 
@@ -182,7 +368,11 @@ def describe(manifest: Manifest) -> list[str]:
         lines.append(f"  runs:     {runs}")
         s = manifest.server or _NO_SERVER
         lines.append(f"  server:   {s.instances} instance(s)"
-                     + (f" per principal, up to {s.max_principals} principals" if s.per_principal else ""))
+                     + (f" per principal, up to {s.max_principals} principals" if s.per_principal
+                        else ", shared by every principal (their calls reach the same server state)"))
+    else:
+        lines.append("  calls:    " + ("each in a fresh process" if manifest.isolation == "per_call" else
+                                       "pooled: one process serves many callers, who share its module state"))
     if g["dependencies"]:
         lines.append(f"  installs: {', '.join(g['dependencies'])}"
                      + (" (may build from source, with network to the package index)" if g["allow_source_builds"]
@@ -242,14 +432,15 @@ def load(state_dir: str) -> dict[str, Any]:
 
 
 #: The type of every recorded grant (a record may lack any of them: it predates that field).
-_TYPES: dict[str, type] = {"name": str, "prefix": str, "read": list, "write": list, "real": dict, "network": list,
-                           "env": list, "env_allow": list, "env_set": list, "limits": dict, "bin": str, "args": list,
-                           "instances": int, "per_principal": bool, "max_principals": int, "dependencies": list,
-                           "allow_source_builds": bool}
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "name": str, "prefix": str, "read": list, "write": list, "real": dict, "network": list, "env": list,
+    "env_allow": list, "env_set": list, "env_values": dict, "limits": dict, "bin": str, "args": list, "instances": int,
+    "per_principal": bool, "max_principals": int, "cancel_grace_s": (int, float), "start_timeout_s": (int, float),
+    "isolation": str, "dependencies": list, "allow_source_builds": bool}
 
 
-def _is(value: Any, kind: type) -> bool:
-    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
 
 
 def _malformed(entry: Any) -> str:
@@ -257,9 +448,11 @@ def _malformed(entry: Any) -> str:
         return "no grants"
     g = entry["grants"]
     for field, kind in _TYPES.items():
-        value: Any = g.get(field, kind())
+        if field not in g:
+            continue
+        value: Any = g[field]
         if not _is(value, kind):
-            return f"{field} is not a {kind.__name__}"
+            return f"{field} is not a {'number' if isinstance(kind, tuple) else kind.__name__}"
         items: list[Any] = [*value, *value.values()] if isinstance(value, dict) else list(value) if isinstance(
             value, list) else []
         if field == "limits":
@@ -285,23 +478,70 @@ def _upgraded(entry: dict[str, Any]) -> dict[str, Any]:
     return {**entry, "grants": g}
 
 
+def differences(manifest: Manifest, plugin_dir: Any, state_dir: str) -> list[str] | None:
+    """What ``manifest`` asks for beyond the recorded approval of ``plugin_dir`` (None: no approval is
+    recorded). Raises ``ApprovalsError`` when the approvals file or its key cannot be trusted."""
+    record = load(state_dir).get(key(plugin_dir))
+    if record is None:
+        return None
+    approved = record["grants"]
+    secret = b""
+    if manifest.env.set and approved.get("env_values"):
+        secret = _secret(state_dir, create=False) or b""
+        if not secret:
+            return [f"env: the approvals key {os.path.join(state_dir, KEY_FILE)} is gone, so its fixed values "
+                    "cannot be compared"]
+    return exceeds(grants(manifest, secret), approved)
+
+
 def check(manifest: Manifest, plugin_dir: Any, state_dir: str) -> str | None:
     """None when ``manifest`` may load, else why it is held (asks for more than was approved)."""
     try:
-        records = load(state_dir)
+        more = differences(manifest, plugin_dir, state_dir)
     except ApprovalsError as exc:
         # Fail closed: which plugins it holds approvals for, and what they are, is unknown.
         log("approvals_untrusted", level="error", error=str(exc), plugin=manifest.name,
             note="every plugin is held until the file is fixed")
         return f"{HELD} the approvals file cannot be trusted ({exc}); fix it, then `toolcell reload`"
-    record = records.get(key(plugin_dir))
-    if record is None:
-        return None
-    more = exceeds(grants(manifest), record["grants"])
     if not more:
         return None
-    return (f"{HELD} asks for more than was approved ({'; '.join(more)}); "
+    older = (" (its approval was recorded by an older toolcell, which did not compare every field: approve it "
+             "once more)" if any(UNRECORDED in line for line in more) else "")
+    return (f"{HELD} asks for more than was approved ({'; '.join(more)}){older}; "
             f"run `toolcell approve {manifest.name}`")
+
+
+def _secret(state_dir: str, create: bool) -> bytes | None:
+    """The state dir's approvals key (fixed environment values are recorded as HMACs under it): None when
+    there is none and ``create`` is false. Raises ``ApprovalsError`` for a key that could have been read
+    or replaced by another user."""
+    path = os.path.join(state_dir, KEY_FILE)
+    if create:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise ApprovalsError(f"{path}: {exc}") from None
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(KEY_BYTES))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ApprovalsError(f"{path}: {exc}") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077 or not stat.S_ISREG(st.st_mode):
+            raise ApprovalsError(f"{path} is not a regular file owned by uid {os.geteuid()} and private to it")
+        data = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) != KEY_BYTES:
+        raise ApprovalsError(f"{path} is not an approvals key ({KEY_BYTES} bytes)")
+    return data
 
 
 def record(state_dir: str, manifest: Manifest, plugin_dir: str, how: str) -> None:
@@ -309,10 +549,13 @@ def record(state_dir: str, manifest: Manifest, plugin_dir: str, how: str) -> Non
     os.makedirs(state_dir, mode=0o711, exist_ok=True)
     try:
         records = load(state_dir)
+        secret = _secret(state_dir, create=True)
     except ApprovalsError as exc:
         raise ApprovalsError(f"{exc}; fix it before approving (without it, no plugin is watched)") from None
-    records[key(plugin_dir)] = {"grants": grants(manifest), "name": manifest.name, "version": manifest.version,
-                              "how": how, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    assert secret is not None
+    records[key(plugin_dir)] = {"grants": grants(manifest, secret), "name": manifest.name,
+                                "version": manifest.version, "how": how,
+                                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = _path(state_dir)
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -17,7 +17,7 @@ import hashlib
 import secrets
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from runtime.http_config import HttpConfig, RateLimit
 from runtime.protocol.catalog import Catalog, ToolEntry
@@ -34,6 +34,9 @@ class Principal:
     name: str
     scopes: tuple[str, ...] = ("*",)
     rate: RateLimit | None = None
+    #: Authenticated by an OAuth access token (a tool outside its scopes is answered 403
+    #: ``insufficient_scope`` so that the client can ask for more; static tokens see no such tool).
+    oauth: bool = False
     all_tools: bool = field(init=False)
     _view_key: Any = field(init=False)
 
@@ -62,6 +65,13 @@ class Principal:
 ANONYMOUS = Principal("anonymous")
 
 
+class CheckedTokens(Protocol):
+    """Tokens some other authority checked before (``runtime.oauth.OAuthVerifier``), by their exact
+    ``Authorization`` value."""
+
+    def cached(self, authorization: bytes) -> Principal | None: ...
+
+
 class Authenticator:
     """Maps ``Authorization: Bearer`` values to principals. Disabled when no token is configured."""
 
@@ -70,11 +80,13 @@ class Authenticator:
     #: it), at most this many; the oldest goes first.
     MATCHED_MAX = 1024
 
-    def __init__(self, cfg: HttpConfig) -> None:
+    def __init__(self, cfg: HttpConfig, oauth: CheckedTokens | None = None) -> None:
         self._by_hash: dict[str, Principal] = {}
         for tok in cfg.tokens:
             self._by_hash[tok.sha256] = Principal(tok.principal, tuple(tok.scopes), tok.rate)
-        self.enabled = bool(self._by_hash)
+        #: Checks OAuth access tokens (``[http.oauth]``); what it checked is remembered in it.
+        self.oauth = oauth
+        self.enabled = bool(self._by_hash) or oauth is not None
         self._matched: dict[bytes, Principal] = {}
 
     def authenticate(self, authorization: bytes | None) -> Principal | None:
@@ -86,6 +98,10 @@ class Authenticator:
         known = self._matched.get(authorization)
         if known is not None:
             return known
+        if self.oauth is not None:
+            checked = self.oauth.cached(authorization)
+            if checked is not None:
+                return checked
         scheme, _, token = authorization.partition(b" ")
         if scheme.lower() != b"bearer":
             return None

@@ -64,6 +64,7 @@ def _prepare(argv: list[str], name: str, workdir: str, state_dir: str, policy: s
     token = os.urandom(8).hex()
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": scratch, "TMPDIR": "/tmp",
            "UV_CACHE_DIR": os.path.join(scratch, "uv-cache"), "UV_NO_PROGRESS": "1", "UV_PYTHON_DOWNLOADS": "never",
+           "UV_NO_CONFIG": "1",
            "UV_SYSTEM_CERTS": "1",  # the machine's trust store (/etc/ssl/certs is readable in the sandbox)
            WORKER_MARKER: f"build-{name}:{token}"}
     reads = [os.path.realpath(argv[0]), python, "/etc/ssl/certs", "/usr/share/ca-certificates"]

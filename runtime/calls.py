@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+import msgspec
 
 import trio
 
@@ -24,6 +26,27 @@ from runtime.protocol.errors import InternalError, InvalidParams, ServerBusy, Wo
 from sandbox import wire
 
 CallHook = Callable[[dict[str, Any]], None]
+
+
+class TraceOrigin(msgspec.Struct, frozen=True):
+    """Where a connection's calls come from, for their trace spans (``runtime.tracing``): the HTTP
+    request's W3C trace context headers, the legacy session, the transport."""
+
+    traceparent: str | None = None
+    tracestate: str | None = None
+    session_id: str | None = None
+    transport: str = "pipe"
+
+
+class CallTracer(Protocol):
+    """What the dispatcher asks of ``runtime.tracing.Tracing`` (imported only when traces are on)."""
+
+    def started(self, call: ToolCall, principal: str | None, origin: TraceOrigin | None) -> Any: ...
+    def asked(self, call_span: Any, questions: int) -> None: ...
+    def answered(self, call_span: Any, outcome: str) -> None: ...
+    def event(self, call_span: Any, name: str, attributes: dict[str, Any]) -> None: ...
+    def ended(self, call_span: Any, slot: Any, error_type: str | None) -> None: ...
+    def refused(self, requested: str, outcome: str, principal: str | None) -> None: ...
 #: A progress or log frame of a running call, as the worker sent it (checked).
 FrameSink = Callable[[Any], None]
 OutcomeSink = Callable[[Outcome], None]
@@ -38,6 +61,10 @@ class CallDispatcher:
         self.stats = {"calls": 0, "errors": 0, "busy": 0}
         self.hooks: list[CallHook] = []
         self._idle: trio.Event | None = None
+        #: Traces (``runtime.tracing``), None when off: then a call pays one ``is None`` test.
+        self.tracer: CallTracer | None = None
+        #: The open span of each running call, by its handle's id (only while traces are on).
+        self._spans: dict[int, Any] = {}
 
     def _release(self) -> None:
         self.inflight -= 1
@@ -50,9 +77,46 @@ class CallDispatcher:
             self._idle = trio.Event()
             await self._idle.wait()
 
-    def start(self, call: ToolCall, principal: str | None, on_frame: FrameSink, on_outcome: OutcomeSink) -> Any:
+    def start(self, call: ToolCall, principal: str | None, on_frame: FrameSink, on_outcome: OutcomeSink,
+              origin: TraceOrigin | None = None) -> Any:
         """Start ``call`` without a task of its own; ``on_outcome`` runs once with how it ended
         (possibly before this returns). Returns a handle for ``cancel``, or None."""
+        if self.tracer is not None:
+            return self._start_traced(self.tracer, call, principal, on_frame, on_outcome, origin)
+        return self._start(call, principal, on_frame, on_outcome)
+
+    def _start_traced(self, tracer: CallTracer, call: ToolCall, principal: str | None, on_frame: FrameSink,
+                      on_outcome: OutcomeSink, origin: TraceOrigin | None) -> Any:
+        """``_start`` inside a span: the span ends with the outcome; questions are child spans."""
+        span = tracer.started(call, principal, origin)
+        handles: list[Any] = []
+
+        def frame(item: Any) -> None:
+            if type(item) is wire.Ask:
+                tracer.asked(span, len(item.requests))
+            on_frame(item)
+
+        def outcome(result: Outcome) -> None:
+            if handles:
+                self._spans.pop(id(handles[0]), None)
+            tracer.ended(span, handles[0] if handles else None, _error_type(result))
+            on_outcome(result)
+
+        handle = self._start(call, principal, frame, outcome, span.traceparent)
+        if handle is not None and not handle.finished:
+            handles.append(handle)
+            self._spans[id(handle)] = span
+        return handle
+
+    def trace_event(self, handle: Any, name: str, attributes: dict[str, Any]) -> None:
+        """An event on a running call's span (a task's state), when traces are on."""
+        if self.tracer is not None and handle is not None:
+            span = self._spans.get(id(handle))
+            if span is not None:
+                self.tracer.event(span, name, attributes)
+
+    def _start(self, call: ToolCall, principal: str | None, on_frame: FrameSink, on_outcome: OutcomeSink,
+               traceparent: str = "") -> Any:
         entry = call.entry
         pool = entry.runner
         started = time.perf_counter()
@@ -74,7 +138,10 @@ class CallDispatcher:
         try:
             if getattr(pool, "per_principal", False):  # a hosted server with instances per principal
                 slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
-                                     call.log_level, on_frame, done, principal=principal)
+                                     call.log_level, on_frame, done, principal=principal, trace=traceparent)
+            elif traceparent:
+                slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
+                                     call.log_level, on_frame, done, trace=traceparent)
             else:
                 slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
                                      call.log_level, on_frame, done)
@@ -112,6 +179,10 @@ class CallDispatcher:
         self._release()
         self.stats["calls"] += 1
         self._hook(call, principal, "cancelled", time.perf_counter())
+        if self.tracer is not None:
+            span = self._spans.pop(id(handle), None)
+            if span is not None:
+                self.tracer.ended(span, handle, "cancelled")
         call.entry.runner.withdraw(handle)
 
     def answer(self, call: ToolCall, handle: Any, responses: list[wire.InputResponse], missing: str = "error",
@@ -121,6 +192,10 @@ class CallDispatcher:
         if handle is None or handle.finished:
             return False
         answered: bool = call.entry.runner.answer(handle, responses, missing, why, to)
+        if self.tracer is not None and answered:
+            span = self._spans.get(id(handle))
+            if span is not None:
+                self.tracer.answered(span, "answered" if responses else missing)
         return answered
 
     def _finish(self, call: ToolCall, slot: Any, principal: str | None, started: float) -> Outcome:
@@ -179,6 +254,8 @@ class CallDispatcher:
 
     def record_refused_name(self, requested: str, outcome: str, principal: str | None, catalog: Catalog,
                             argument_bytes: int | None = None) -> None:
+        if self.tracer is not None:
+            self.tracer.refused(requested, outcome, principal)
         if not self.hooks:
             return
         entry = catalog.get(requested) if requested else None
@@ -203,3 +280,16 @@ class CallDispatcher:
             except Exception as exc:  # a hook's failure never fails the call
                 log("internal_error", level="error", where="call hook", error=f"{type(exc).__name__}: {exc}")
 
+
+
+def _error_type(outcome: Outcome) -> str | None:
+    """A call's ``error.type`` for its span: None when it succeeded."""
+    if type(outcome) is Completed:
+        return "tool_error" if outcome.result.is_error else None
+    if type(outcome) is Failed:
+        return outcome.failure.kind
+    if type(outcome) is Refused:
+        error = outcome.error
+        return "busy" if isinstance(error, ServerBusy) else \
+            "invalid_params" if isinstance(error, InvalidParams) else type(error).__name__
+    return type(outcome).__name__.lower()

@@ -154,6 +154,25 @@ def check_config(cfg: Config) -> list[str]:
     return check_http_config(cfg.http) + check_tasks_config(cfg.tasks, cfg.state_dir)
 
 
+def _with_tokens_file(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with the ``[[tokens]]`` of ``http.tokens_file`` appended to ``http.tokens``."""
+    http = raw.get("http")
+    tokens_file = http.get("tokens_file") if isinstance(http, dict) else None
+    if not isinstance(tokens_file, str):
+        return raw
+    try:
+        loaded = tomllib.loads(Path(tokens_file).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"http.tokens_file {tokens_file}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"http.tokens_file {tokens_file}: not valid TOML: {exc}") from None
+    extra = loaded.pop("tokens", [])
+    if loaded or not isinstance(extra, list):
+        raise ConfigError(f"http.tokens_file {tokens_file}: expected only [[tokens]] tables")
+    assert isinstance(http, dict)
+    return {**raw, "http": {**http, "tokens": [*http.get("tokens", []), *extra]}}
+
+
 def load_config(path: str | None, overrides: dict[str, Any]) -> Config:
     """Read the TOML file (if any), apply CLI overrides, check everything; raise ConfigError."""
     raw: dict[str, Any] = {}
@@ -165,6 +184,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> Config:
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     raw.update({k: v for k, v in overrides.items() if v is not None})
+    raw = _with_tokens_file(raw)
     violated = declared_bounds.violations(raw, Config)
     problems = [message for _keys, message in violated]
     try:

@@ -35,6 +35,7 @@ from typing import Any, assert_never
 import msgspec
 import trio
 
+from runtime.calls import TraceOrigin
 from runtime.daemon import Daemon
 from runtime.logs import log
 from runtime.protocol import eras
@@ -201,8 +202,11 @@ class Connection:
     def __init__(self, daemon: Daemon, state: ConnState | None = None, principal: str | None = None, *,
                  push: Callable[[bytes], None] | None = None,
                  admit: Callable[[ToolCall], McpError | None] | None = None,
-                 catalog_view: Callable[[], Catalog | None] | None = None) -> None:
+                 catalog_view: Callable[[], Catalog | None] | None = None,
+                 origin: TraceOrigin | None = None) -> None:
         self.daemon = daemon
+        #: Where this connection's calls come from, for their trace spans (None: not traced, or stdio).
+        self.origin = origin
         self.core = daemon.core
         self.calls = daemon.calls
         self.state = state if state is not None else ConnState()
@@ -362,7 +366,7 @@ class Connection:
         running = RunningCall(call, sink, owner or self, self.principal, given=given)
         if owner is None:
             self.inflight[call.request_id] = running
-        running.handle = self.calls.start(call, self.principal, running.frame, running.outcome)
+        running.handle = self.calls.start(call, self.principal, running.frame, running.outcome, self.origin)
         if call.task_mode and owner is None and self.tasks is not None:
             self.tasks.promote_later(self, running, call.task_after_ms)
         return running

@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from runtime import plugin_files
 from runtime.config import Config, secure_state_dir
 from runtime.logs import log
 from runtime.plugins import Plugin, awaiting_approval, discover, load_plugin, resolve_conflicts
@@ -33,6 +34,10 @@ from runtime.spares import Spares
 from runtime.spares import installed as spares_installed
 from runtime.processes import become_subreaper, serve_reaper, sweep_stale_scratch
 
+
+
+def _prints(path: Path) -> tuple[str | None, str]:
+    return stat_signature(path), fingerprint(path)
 
 
 class Daemon:
@@ -66,6 +71,9 @@ class Daemon:
         #: Tasks (``runtime.tasks``), once the task store is open (None: ``toolcell call``, or no store).
         self.tasks: TaskManager | None = None
         self.ready = False
+        #: Set on SIGTERM for ``http.drain_s`` before the listeners close: ``/healthz`` says "draining"
+        #: (so a balancer stops sending) while requests are still served.
+        self.draining = False
         #: The spare worker interpreter (``runtime.spares``), once serving.
         self.spares: Spares | None = None
 
@@ -81,7 +89,13 @@ class Daemon:
         results: dict[Path, Plugin] = {}
 
         async def one(path: Path) -> None:
-            sig, print_ = (prints or {}).get(path) or (stat_signature(path), fingerprint(path))
+            given = (prints or {}).get(path)
+            if given is None:
+                try:
+                    given = await plugin_files.off_loop(_prints, path, what="fingerprinting the plugin folder")
+                except plugin_files.PluginFileError:
+                    given = (None, "")  # its load below meets the same folder, and says why
+            sig, print_ = given
             async with self._load_limiter:
                 try:
                     plugin = await load_plugin(path, self.nursery, self.config.policy, self.config.state_dir,
@@ -119,7 +133,12 @@ class Daemon:
         return False
 
     async def load(self, describe_only: bool = False) -> list[Plugin]:
-        results = await self._load_paths(discover(self.config.plugins), describe_only)
+        try:
+            paths = await plugin_files.off_loop(discover, self.config.plugins, what="finding the plugin folders")
+        except plugin_files.PluginFileError as exc:
+            log("plugins_unreadable", level="error", error=exc.reason)
+            paths = []
+        results = await self._load_paths(paths, describe_only)
         ordered = sorted(results.values(), key=lambda p: (p.name, str(p.path)))
         for plugin in ordered:
             self._admit(plugin)
@@ -127,24 +146,33 @@ class Daemon:
         self.ready = True
         return ordered
 
-    def _changed(self, paths: list[Path], known: dict[Path, Plugin]) -> dict[Path, tuple[str | None, str]]:
-        """The folders whose content differs from the version known (new ones included), with their
-        stat signatures and fingerprints. A folder whose stat signature is unchanged is not read."""
+    def _changed(self, paths: list[Path], known: dict[Path, Plugin], held: set[Path],
+                 signatures: dict[Path, str | None]) -> tuple[dict[Path, tuple[str | None, str]], dict[Path, str | None]]:
+        """(the folders whose content differs from the version known -- new ones included -- with
+        their stat signatures and fingerprints; the signatures of folders touched but not changed).
+        A folder whose stat signature is unchanged is not read. Blocking file-system work on hostile
+        folders: it runs in a thread (``plugin_files.off_loop``) and touches no daemon state."""
         changed: dict[Path, tuple[str | None, str]] = {}
+        touched: dict[Path, str | None] = {}
         for path in paths:
             old = known.get(path)
             sig = stat_signature(path)
-            if old is not None and awaiting_approval(old):
+            if path in held:
                 changed[path] = (sig, fingerprint(path))  # held for approval: `toolcell approve` may have come
                 continue
-            if old is not None and sig is not None and self._signatures.get(path) == sig:
+            if old is not None and sig is not None and signatures.get(path) == sig:
                 continue
             print_ = fingerprint(path)
             if old is not None and old.fingerprint == print_:
-                self._signatures[path] = sig  # touched, not changed
+                touched[path] = sig  # touched, not changed
                 continue
             changed[path] = (sig, print_)
-        return changed
+        return changed, touched
+
+    def _scan(self, known: dict[Path, Plugin], held: set[Path], signatures: dict[Path, str | None]
+              ) -> tuple[list[Path], dict[Path, tuple[str | None, str]], dict[Path, str | None]]:
+        paths = discover(self.config.plugins)
+        return (paths, *self._changed(paths, known, held, signatures))
 
     async def reload(self) -> bool:
         """Bring the catalog in line with the plugin folders; returns True if the tool set changed.
@@ -154,9 +182,15 @@ class Daemon:
         async with self._reload_lock:
             self.reloads += 1
             t0 = time.perf_counter()
-            paths = discover(self.config.plugins)
             known: dict[Path, Plugin] = {p.path: p for p in list(self.plugins.values()) + self.failed}
-            prints = self._changed(paths, known)
+            held = {path for path, p in known.items() if awaiting_approval(p)}
+            try:
+                paths, prints, touched = await plugin_files.off_loop(
+                    self._scan, known, held, dict(self._signatures), what="scanning the plugin folders")
+            except plugin_files.PluginFileError as exc:
+                log("reload_failed", level="error", error=exc.reason, note="every plugin keeps serving as it was")
+                return False
+            self._signatures.update(touched)
             on_disk = set(paths)
             removed = [p for path, p in known.items() if path not in on_disk]
             if not prints and not removed:
@@ -292,7 +326,8 @@ async def open_daemon(config: Config, describe_only: bool = False) -> AsyncItera
                 store = await _open_task_store(config)
                 try:
                     if store is not None:
-                        daemon.tasks = TaskManager(daemon.core, daemon.calls, store, config.tasks, nursery)
+                        daemon.tasks = TaskManager(daemon.core, daemon.calls, store, config.tasks, nursery,
+                                                    catalog_fingerprint=lambda: daemon.catalog.fingerprint)
                         await nursery.start(daemon.tasks.serve)
                     with spares_installed(daemon.spares):
                         yield daemon

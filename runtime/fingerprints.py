@@ -1,5 +1,6 @@
 """What a plugin folder holds, as digests: the cheap stat signature (no file read) and the content
-fingerprint a reload compares. Pure functions of the file system; no trio, no daemon."""
+fingerprint a reload compares. Pure functions of the file system, blocking: the daemon runs them
+off its event loop (``plugin_files.off_loop``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from runtime import plugin_files
 
 SKIP_DIRS = {"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".hypothesis"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".swp", "~")
@@ -51,22 +54,43 @@ def stat_signature(path: Path) -> str | None:
     return h.hexdigest()
 
 
+def _content_digest(folder: Path, rel: str, size: int) -> bytes:
+    """sha256 of one file, opened the way every plugin file is (``runtime.plugin_files``: beneath the
+    folder, no link followed, never a FIFO or device), reading at most ``size`` bytes."""
+    try:
+        fd = plugin_files.open_beneath(str(folder), rel)
+    except plugin_files.PluginFileError:
+        return b"refused"
+    if fd is None:
+        return b"gone"
+    digest = hashlib.sha256()
+    try:
+        left = size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            digest.update(chunk)
+            left -= len(chunk)
+    except OSError:
+        return b"unreadable"
+    finally:
+        os.close(fd)
+    return digest.digest()
+
+
 def fingerprint(path: Path) -> str:
     """A digest of a plugin folder's files (names, sizes and contents); caches are ignored."""
     h = hashlib.sha256()
     budget = MAX_FINGERPRINT_BYTES
-    for rel, full, st in _files(path):
+    for rel, _full, st in _files(path):
         h.update(f"{rel}\0{st.st_size}\0".encode())
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
             h.update(b"special")
             continue
         if st.st_size <= budget:
             budget -= st.st_size
-            try:
-                with open(full, "rb") as f:
-                    h.update(hashlib.sha256(f.read()).digest())
-            except OSError:
-                h.update(b"unreadable")
+            h.update(_content_digest(path, rel, st.st_size))
         else:
             h.update(str(st.st_mtime_ns).encode())
     return h.hexdigest()

@@ -57,12 +57,14 @@ class HostedSlot:
 
     __slots__ = ("tool", "arguments", "progress", "log_level", "on_event", "on_done", "result", "error", "finished",
                  "principal", "request_id", "instance", "deadline", "notes", "note_bytes", "notes_dropped", "asking",
-                 "asks", "run_left_s")
+                 "asks", "run_left_s", "trace")
 
     def __init__(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                  on_event: Callable[[Any], None] | None, on_done: Callable[[Any], None] | None,
-                 principal: str | None) -> None:
+                 principal: str | None, trace: str = "") -> None:
         self.tool = tool
+        #: The call's trace context (``runtime.tracing``), for the server's ``_meta.traceparent``.
+        self.trace = trace
         self.arguments = arguments
         self.progress = progress
         self.log_level = log_level
@@ -169,9 +171,9 @@ class HostedRunner:
 
     def new_slot(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                  on_event: Callable[[Any], None] | None, on_done: Callable[[Any], None] | None = None,
-                 principal: str | None = None) -> HostedSlot:
+                 principal: str | None = None, trace: str = "") -> HostedSlot:
         # ``arguments`` came from JSON and go back to JSON: nothing to check here.
-        return HostedSlot(tool, arguments, progress, log_level, on_event, on_done, principal)
+        return HostedSlot(tool, arguments, progress, log_level, on_event, on_done, principal, trace)
 
     def submit(self, slot: HostedSlot) -> None:
         if self.closed or self.retiring:

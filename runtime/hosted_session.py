@@ -413,6 +413,8 @@ class Instance:
         if slot.progress:
             params["_meta"] = {"progressToken": request_id}
             self.progress_tokens[request_id] = slot
+        if slot.trace:  # the call's span: the server's own spans join the trace (MCP's _meta.traceparent)
+            params.setdefault("_meta", {})["traceparent"] = slot.trace
         slot.deadline = trio.current_time() + self.runner.limits.timeout_s
         self.runner.wake_watchdog(slot.deadline)
         self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})

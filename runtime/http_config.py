@@ -12,6 +12,8 @@ Example::
     metrics_listen = "127.0.0.1:9464"
     audit_log = "/var/log/toolcell/audit.jsonl"   # or "-" for stderr
 
+    tokens_file = "/run/secrets/toolcell/tokens.toml"   # more [[tokens]], from a secret store
+
     [[http.tokens]]
     principal = "ci-bot"
     sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
@@ -23,7 +25,9 @@ Tokens are stored only as SHA-256 hex digests (``python -m runtime.auth`` mints 
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import urllib.parse
 
 from typing import Annotated, Literal
 
@@ -32,6 +36,9 @@ from msgspec import Meta
 
 DEFAULT_PORT = 8765
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+#: Signing algorithms a token may use: asymmetric only.
+ASYMMETRIC_ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
+                                   "ES256", "ES384", "ES512", "EdDSA"})
 
 
 class RateLimit(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -54,6 +61,45 @@ class Token(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     rate: RateLimit | None = None
 
 
+class OAuthConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``[http.oauth]``: access tokens from an OAuth 2.1 authorization server (``runtime/oauth.py``)."""
+
+    #: This server's canonical URI as clients reach it (RFC 8707); a token's ``aud`` must name it.
+    resource: str
+    #: The authorization server (its ``iss``); its keys are found from its metadata unless ``jwks_uri``.
+    issuer: str
+    jwks_uri: str | None = None
+    #: Audiences accepted besides ``resource`` (default: ``resource`` only).
+    audience: list[str] | None = None
+    algorithms: list[str] = msgspec.field(default_factory=lambda: ["RS256", "PS256", "ES256", "EdDSA"])
+    #: Clock skew allowed on ``exp``/``nbf``.
+    leeway_s: Annotated[float, Meta(ge=0, le=300)] = 30.0
+    #: The claim that names the caller, and what is put before it to make the principal's name.
+    principal_claim: str = "sub"
+    principal_prefix: str = "oauth:"
+    #: Only the token's scopes that start with this count, with it stripped (e.g. "toolcell:").
+    scope_prefix: str = ""
+    #: Scopes every token must carry (as the identity provider writes them, prefix included).
+    required_scopes: list[str] = msgspec.field(default_factory=list)
+    #: Published in the resource metadata (RFC 9728 ``scopes_supported``).
+    scopes_supported: list[str] | None = None
+    resource_name: str | None = None
+    #: A CA bundle (PEM) to trust for the issuer besides the system's (a private PKI).
+    ca_file: str | None = None
+    #: An unknown ``kid`` re-reads the JWKS at most this often; any JWKS is re-read after ``jwks_max_age_s``.
+    jwks_refresh_min_s: Annotated[float, Meta(ge=0)] = 30.0
+    jwks_max_age_s: Annotated[float, Meta(gt=0)] = 600.0
+    fetch_timeout_s: Annotated[float, Meta(gt=0, le=60)] = 5.0
+    #: RFC 7662 introspection for opaque (non-JWT) tokens; the client secret comes from a file or the
+    #: daemon's environment, never from this config.
+    introspection_endpoint: str | None = None
+    introspection_client_id: str | None = None
+    introspection_client_secret_file: str | None = None
+    introspection_client_secret_env: str | None = None
+    #: Rate limit of every OAuth principal (default: ``principal_rate``).
+    rate: RateLimit | None = None
+
+
 class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     listen: str | None = None
     unix: str | None = None
@@ -61,6 +107,11 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     tokens: list[Token] = msgspec.field(default_factory=list)
+    #: A TOML file of more ``[[tokens]]`` tables (same fields), kept apart from the config so that it
+    #: can come from a secret store (a Kubernetes Secret, a systemd credential); read at start.
+    tokens_file: str | None = None
+    #: Access tokens from an OAuth authorization server, beside (or instead of) the static tokens.
+    oauth: OAuthConfig | None = None
     #: Serve a non-loopback address without tokens (refused unless set).
     allow_unauthenticated: bool = False
     principal_rate: RateLimit | None = None
@@ -76,6 +127,17 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     max_requests_per_principal: Annotated[int, Meta(gt=0)] = 512
     #: Open client connections at once; more are answered 503 and closed.
     max_connections: Annotated[int, Meta(gt=0)] = 4096
+    #: Of those, how many may be unauthenticated (no request on them has passed authentication
+    #: yet: new, in their first head, or refused 401). Unset: a quarter of ``max_connections``.
+    #: The rest is kept for token holders; a new connection over this budget evicts the oldest
+    #: unauthenticated one, so a client with no token cannot lock token holders out.
+    max_unauthenticated_connections: Annotated[int, Meta(gt=0)] | None = None
+    #: Unauthenticated connections one client address (an IPv6 /64) may hold; past it, its own
+    #: oldest one is evicted.
+    max_unauthenticated_per_address: Annotated[int, Meta(gt=0)] = 32
+    #: Time an unauthenticated connection has, from its accept (or the end of its last
+    #: response), to send a whole request head; else 408 and close.
+    head_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     #: The HTTP server: "h1" (toolcell's lean HTTP/1.1 loop around the httptools/llhttp parser,
     #: the default and the fast path) or "hypercorn" (adds HTTP/2; ~10x the CPU per request).
     engine: Literal["h1", "hypercorn"] = "h1"
@@ -102,8 +164,19 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     keepalive_s: Annotated[float, Meta(gt=0)] = 15.0
     #: On SIGTERM: time in-flight requests get to finish before they are cancelled.
     shutdown_grace_s: Annotated[float, Meta(ge=0)] = 10.0
+    #: On SIGTERM, before that: time ``/healthz`` says "draining" (503) while requests are still
+    #: served, so a balancer's health check takes this replica out before its listener closes. Set it
+    #: above the balancer's detection time (HAProxy: ``inter`` x ``fall``); 0 (one daemon) stops at once.
+    drain_s: Annotated[float, Meta(ge=0, le=600)] = 0.0
     metrics_listen: str | None = None
     audit_log: str | None = None
+
+    @property
+    def unauthenticated_budget(self) -> int:
+        """``max_unauthenticated_connections``, or its default: a quarter of ``max_connections``."""
+        if self.max_unauthenticated_connections is not None:
+            return self.max_unauthenticated_connections
+        return max(1, self.max_connections // 4)
 
 
 def check_http_config(cfg: HttpConfig) -> list[str]:
@@ -119,12 +192,55 @@ def check_http_config(cfg: HttpConfig) -> list[str]:
         seen.add(tok.sha256)
         if not tok.principal.strip():
             problems.append(f"http.tokens[{i}].principal must not be empty")
+    if cfg.max_connections > 1 and cfg.unauthenticated_budget >= cfg.max_connections:
+        problems.append("http.max_unauthenticated_connections must be less than http.max_connections "
+                        "(the rest is what token holders are sure to get)")
+    if cfg.oauth is not None:
+        problems.extend(check_oauth_config(cfg.oauth))
     for field_name, address in (("listen", cfg.listen), ("metrics_listen", cfg.metrics_listen)):
         if address is not None:
             try:
                 parse_listen(address)
             except ValueError as exc:
                 problems.append(f"http.{field_name}: {exc}")
+    return problems
+
+
+def _is_loopback_host(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_oauth_config(cfg: OAuthConfig) -> list[str]:
+    """What is wrong with ``[http.oauth]`` (empty: nothing)."""
+    problems: list[str] = []
+    res = urllib.parse.urlsplit(cfg.resource)
+    if res.scheme not in ("https", "http") or not res.netloc or res.fragment:
+        problems.append("http.oauth.resource must be this server's absolute URI, e.g. https://mcp.example.com/mcp "
+                        "(no fragment)")
+    elif res.scheme == "http" and not _is_loopback_host(res.hostname):
+        problems.append("http.oauth.resource must use https (http only for a loopback address)")
+    for name, url in (("issuer", cfg.issuer), ("jwks_uri", cfg.jwks_uri),
+                      ("introspection_endpoint", cfg.introspection_endpoint)):
+        if url is not None:
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme != "https" or not parts.netloc:
+                problems.append(f"http.oauth.{name} must be an https:// URL (keys and token checks are never "
+                                "fetched in the clear)")
+    bad = sorted(set(cfg.algorithms) - ASYMMETRIC_ALGORITHMS)
+    if bad:
+        problems.append(f"http.oauth.algorithms: {', '.join(bad)} not allowed (asymmetric algorithms only: "
+                        f"{', '.join(sorted(ASYMMETRIC_ALGORITHMS))})")
+    if not cfg.algorithms:
+        problems.append("http.oauth.algorithms must name at least one algorithm")
+    if cfg.introspection_endpoint is not None and cfg.introspection_client_id is None:
+        problems.append("http.oauth.introspection_client_id is needed with introspection_endpoint")
     return problems
 
 

@@ -15,6 +15,9 @@
   given with ``--read/--write/--net NAME=VALUE``.
 * ``approve NAME`` shows a plugin's grants (and what it asks beyond its last approval) and records them.
 
+A folder is put together in the state dir (outside every plugins folder, so no daemon serves it while a
+person is asked), and moved into its plugins folder with one rename only once the approval is recorded.
+
 Nothing here runs untrusted code: installs go through ``runtime.installer`` (wheels only, no npm
 scripts), and every name from a config file is checked before it becomes a folder, a package or an
 argument (``runtime.server_spec``).
@@ -28,6 +31,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -281,16 +285,54 @@ def _destination(args: argparse.Namespace, cfg: Any) -> Path:
     return into.resolve()
 
 
+#: Where plugin folders are put together before a person approved them: under the state dir, outside
+#: every plugins folder, so that no daemon can load a plugin while its approval is being asked.
+STAGING = "staging"
+
+
+def _staging(state_dir: str, name: str) -> Path:
+    root = Path(state_dir) / STAGING
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{name}.", dir=root))
+
+
+def _put_in_place(built: Path, folder: Path) -> None:
+    """Move a finished, approved folder to ``folder`` in one rename (what a daemon discovers is either the
+    old folder or the new one, never a part). Across file systems the copy is made under a dot-name in
+    the plugins folder first (discovery skips dot-folders), then renamed."""
+    into = folder.parent
+    ready = built
+    if os.stat(built).st_dev != os.stat(into).st_dev:
+        ready = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".toolcell-new", dir=into))
+        ready.rmdir()
+        shutil.copytree(built, ready, symlinks=True)
+    old = None
+    try:
+        if folder.exists() or folder.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".toolcell-old", dir=into))
+            folder.rename(old / "plugin")
+        ready.rename(folder)
+    except BaseException:
+        if ready is not built:
+            shutil.rmtree(ready, ignore_errors=True)
+        if old is not None and not folder.exists():
+            (old / "plugin").rename(folder)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker, how: str, replace: bool) -> bool:
-    """Write the folder, install what it runs, ship its lock, show its grants, record the approval."""
+    """Build the folder in the state dir, install what it runs, ship its lock, show its grants; once a
+    person approved them, record the approval and move the folder into the plugins folder."""
     folder = into / name
     if folder.resolve().parent != into:
         raise ImportProblem(f"{name!r} would land outside {into}")
     if folder.exists() and not replace:
         raise ImportProblem(f"{folder} already exists (use --replace to overwrite it)")
-    staging = into / f".{name}.toolcell-new"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(mode=0o755)
+    staging = _staging(state_dir, name)
+    staging.chmod(0o755)
     try:
         (staging / MANIFEST_NAME).write_text(text, encoding="utf-8")
         os.chmod(staging / MANIFEST_NAME, 0o600)
@@ -308,10 +350,9 @@ async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker
         print("\n".join(approvals.describe(manifest)))
         if not asker.confirm(f"Approve {name} with these permissions?"):
             return False
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
+        # Recorded first: the moment the folder appears, a daemon holds it to exactly this approval.
         approvals.record(state_dir, manifest, str(folder), how)
+        _put_in_place(staging, folder)
         print(f"added {folder} (approved)")
         return True
     finally:
@@ -420,11 +461,14 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
         print("\n".join(approvals.describe(manifest)))
         if not asker.confirm(f"Approve {manifest.name} with these permissions?"):
             return 1
-        if folder != source:
-            if folder.exists():
-                shutil.rmtree(folder)
-            shutil.copytree(source, folder, symlinks=True)
         approvals.record(cfg.state_dir, manifest, str(folder), f"toolcell add {source}")
+        if folder != source:
+            staging = _staging(cfg.state_dir, manifest.name)
+            try:
+                shutil.copytree(source, staging / "plugin", symlinks=True)
+                _put_in_place(staging / "plugin", folder)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
         print(f"added {folder} (approved)")
         return 0
     except ManifestError as exc:
@@ -453,13 +497,12 @@ def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
         return 2
     path, manifest = found[0]
     try:
-        record = approvals.load(cfg.state_dir).get(approvals.key(path))
+        more = approvals.differences(manifest, path, cfg.state_dir)
     except approvals.ApprovalsError as exc:
         print(f"toolcell approve: {exc}", file=sys.stderr)
         return 2
     print("\n".join(approvals.describe(manifest)))
-    if record is not None:
-        more = approvals.exceeds(approvals.grants(manifest), record["grants"])
+    if more is not None:
         print("  beyond its last approval: " + ("; ".join(more) if more else "nothing"))
     if not Asker(args.yes).confirm(f"Approve {manifest.name} with these permissions?"):
         return 1

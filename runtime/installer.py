@@ -46,11 +46,15 @@ from pathlib import Path
 
 import trio
 
+from runtime import plugin_files
 from runtime.logs import log
+from runtime.plugin_files import excerpt
 from runtime.server_spec import Package
 
 INSTALL_TIMEOUT_S = 600.0
 MARKER = "toolcell-env.json"
+#: A shipped lock larger than this is refused unread.
+MAX_LOCK_BYTES = 8 * 1024 * 1024
 PY_LOCK = "requirements.lock"
 NPM_LOCK = "package-lock.json"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -82,13 +86,20 @@ def python_exe() -> str:
     return os.path.realpath(sys.executable)
 
 
+def which(name: str) -> str | None:
+    """``name`` on the daemon's PATH, absolute entries only: an empty or relative entry would find a
+    program in whatever directory the command was run from (a cloned repository's ``./npm``)."""
+    path = os.pathsep.join(p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(p))
+    return shutil.which(name, path=path)
+
+
 def uv_bin() -> str:
     try:
         from uv import find_uv_bin
 
         return str(find_uv_bin())
     except (ImportError, FileNotFoundError):
-        found = shutil.which("uv")
+        found = which("uv")
         if found is None:
             raise InstallError("uv is not installed (pip install uv)") from None
         return found
@@ -101,15 +112,45 @@ def _clean(text: str, limit: int = 2000) -> str:
     return text if len(text) <= limit else "…" + text[-limit:]
 
 
+#: Variables that would point an installer at configuration or a place other than the ones toolcell
+#: gives it (npm reads ``npm_config_*`` in any case).
+_CONFIG_PREFIXES = ("PYTHON", "VIRTUAL_ENV", "UV_PYTHON", "UV_CONFIG_FILE", "PIP_CONFIG_FILE")
+_NPM_PLACE = frozenset({"npm_config_prefix", "npm_config_location", "npm_config_global"})
+
+
 def _installer_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "UV_PYTHON"))}
+    """The environment of every npm and uv run: the daemon's, with what a known configuration needs.
+
+    What configures them is the daemon user's own setup -- uv's ``UV_*`` index variables, npm's
+    ``~/.npmrc``, its global config and ``npm_config_*`` variables -- and never a file of the directory
+    a command was started from: uv runs with ``--no-config`` and ``UV_NO_CONFIG`` (no ``uv.toml`` or
+    ``pyproject.toml`` is looked for), pip's config files are ``/dev/null``, and npm always runs in a
+    directory toolcell made (``_npm_dir`` or an environment's own), whose ``package.json`` stops npm's
+    search for a project ``.npmrc`` there."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_CONFIG_PREFIXES) and k.lower() not in _NPM_PLACE}
     # The machine's own trust store (an organisation's CA, a registry mirror's), not only uv's bundled roots.
     env.setdefault("UV_SYSTEM_CERTS", "1")
+    env["UV_NO_CONFIG"] = "1"
+    env["PIP_CONFIG_FILE"] = os.devnull
     env["npm_config_ignore_scripts"] = "true"
     env["npm_config_fund"] = "false"
     env["npm_config_audit"] = "false"
     env["npm_config_update_notifier"] = "false"
+    env["npm_config_workspaces"] = "false"  # no search upwards for a workspace root (and its .npmrc)
     return env
+
+
+class _npm_dir:  # noqa: N801 (a context manager named for what it gives)
+    """A fresh private directory to run npm in (with a ``package.json``, so it is npm's project root:
+    no ``.npmrc`` of the caller's directory or its parents is read), removed afterwards."""
+
+    def __enter__(self) -> str:
+        self.path = tempfile.mkdtemp(prefix="toolcell-npm-")
+        _write(os.path.join(self.path, "package.json"), '{"name": "toolcell-query", "private": true}\n')
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 async def _run(argv: list[str], cwd: str, what: str) -> str:
@@ -144,17 +185,17 @@ def _key(*parts: str) -> str:
     return h.hexdigest()[:32]
 
 
-def _read_lock(plugin_dir: str | None, name: str) -> str:
+async def _read_lock(plugin_dir: str | None, name: str) -> str:
+    """The lock ``name`` shipped in ``plugin_dir`` ('' when there is none), read as a hostile file
+    (``runtime.plugin_files``): a link, FIFO, device, folder, an empty or oversized file or one that
+    is not UTF-8 refuses the plugin with that reason."""
     if not plugin_dir:
         return ""
-    path = os.path.join(plugin_dir, name)
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read(8 << 20)
-    except (FileNotFoundError, IsADirectoryError):
-        return ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InstallError(f"cannot read {path}: {exc}") from None
+        text = await plugin_files.read_text_async(plugin_dir, name, MAX_LOCK_BYTES, empty_ok=False)
+    except plugin_files.PluginFileError as exc:
+        raise InstallError(exc.reason) from None
+    return text or ""
 
 
 _LOCK_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,100}[A-Za-z0-9])?")
@@ -246,9 +287,7 @@ def check_requirements_lock(text: str) -> list[Pinned]:
     start = 0
 
     def refuse(number: int, line: str, why: str) -> InstallError:
-        shown = line.strip()
-        shown = shown if len(shown) <= 120 else shown[:120] + "…"
-        return InstallError(f"{PY_LOCK} line {number} is refused ({why}): {shown!r}; a shipped lock may hold only "
+        return InstallError(f"{PY_LOCK} line {number} is refused ({why}): {excerpt(line.strip())}; a shipped lock may hold only "
                             "comments and pinned, hashed requirements (name==version --hash=sha256:...)")
 
     lines = text.split("\n")
@@ -280,7 +319,7 @@ def check_requirements_lock(text: str) -> list[Pinned]:
         stripped = line.strip()
         for token in stripped.split():
             if token.startswith("-") and not _LOCK_HASH.fullmatch(token):
-                raise refuse(number, line, f"the option {token.split('=')[0]} is not allowed")
+                raise refuse(number, line, f"the option {token.split('=')[0][:40]} is not allowed")
         if stripped.startswith("-"):
             raise refuse(number, line, "no requirement")
         if "#" in stripped:
@@ -302,7 +341,7 @@ def check_requirements_lock(text: str) -> list[Pinned]:
         for option in tail.split():
             h = _LOCK_HASH.fullmatch(option)
             if h is None:
-                raise refuse(number, line, f"the option {option.split('=')[0]} is not allowed")
+                raise refuse(number, line, f"the option {option.split('=')[0][:40]} is not allowed")
             hashes.append(h.group(1).lower())
         if not hashes:
             raise refuse(number, line, "no --hash=sha256:")
@@ -361,7 +400,7 @@ def check_npm_lock(text: str, package: Package, registries: tuple[str, ...] = (N
         raise InstallError(f"{NPM_LOCK} needs lockfileVersion 2 or 3 with \"packages\" (npm 7 or later)")
 
     def refuse(where: str, why: str) -> InstallError:
-        return InstallError(f"{NPM_LOCK} entry {where!r} is refused: {why}; a shipped lock may fetch only https "
+        return InstallError(f"{NPM_LOCK} entry {excerpt(where)} is refused: {why}; a shipped lock may fetch only https "
                             f"tarballs of the registry ({', '.join(bases) or 'none configured over https'}) "
                             "with their integrity")
 
@@ -369,15 +408,15 @@ def check_npm_lock(text: str, package: Package, registries: tuple[str, ...] = (N
         if not isinstance(integrity, str) or not integrity.split() or not all(_SRI.fullmatch(i) for i in integrity.split()):
             raise refuse(where, "no valid integrity")
         if not isinstance(version, str) or not _NPM_LOCK_VERSION.fullmatch(version) or not _NPM_LOCK_NAME.fullmatch(name):
-            raise refuse(where, f"{name!r} version {version!r} is not a registry package's name and version")
+            raise refuse(where, f"{excerpt(name)} version {excerpt(str(version))} is not a registry package's name and version")
         if resolved is None:
             return  # npm fetches name@version from its configured registry (omit-lockfile-registry-resolved)
         if not isinstance(resolved, str) or not resolved.startswith(bases):
-            raise refuse(where, f"resolved {resolved!r} is not an https tarball of the registry")
+            raise refuse(where, f"resolved {excerpt(str(resolved))} is not an https tarball of the registry")
         path = resolved[next(len(b) for b in bases if resolved.startswith(b)):]
         files = {f"{name.rsplit('/', 1)[-1]}-{version}.tgz", f"{name}-{version}.tgz"}
         if not any(path == f"{name}/-/{f}" for f in files):
-            raise refuse(where, f"resolved {resolved!r} is not the tarball of {name}@{version}")
+            raise refuse(where, f"resolved {excerpt(resolved)} is not the tarball of {name}@{version}")
 
     top = f"node_modules/{package.name}"
     for key, entry in packages.items():
@@ -420,16 +459,17 @@ def check_npm_lock(text: str, package: Package, registries: tuple[str, ...] = (N
         legacy(data["dependencies"], "")
 
 
-async def _npm_registries(cwd: str) -> tuple[str, ...]:
+async def _npm_registries() -> tuple[str, ...]:
     """The registries a shipped npm lock may fetch from: npm's default and the configured one."""
     found = [NPM_REGISTRY]
     for var in ("npm_config_registry", "NPM_CONFIG_REGISTRY"):
         if os.environ.get(var):
             found.append(os.environ[var])
-    npm = shutil.which("npm")
+    npm = which("npm")
     if not _registry_cache and npm is not None:
         try:
-            out = await _run([npm, "config", "get", "registry"], cwd, "asking npm for its registry")
+            with _npm_dir() as cwd:
+                out = await _run([npm, "config", "get", "registry"], cwd, "asking npm for its registry")
             _registry_cache.append(out.strip())
         except InstallError:
             _registry_cache.append("")
@@ -510,7 +550,7 @@ async def python_requirements(requirements: list[str], state_dir: str, plugin_di
     """The environment for a plugin's requirements (installed now if needed); its ``site`` goes on
     the worker's ``sys.path``. ``source_builds``: resolve and install inside a sandbox, where source
     distributions may be built (``runtime.builds``). Raises ``InstallError``."""
-    shipped = _read_lock(plugin_dir, PY_LOCK)
+    shipped = await _read_lock(plugin_dir, PY_LOCK)
     checked = _checked_requirements_lock(shipped)  # before the ready check: a refused lock is refused every time
     normal = sorted({r.replace(" ", "") for r in requirements})
     key = _key("py", *normal, shipped, "source-builds" if source_builds else "wheels")
@@ -582,7 +622,7 @@ def _pick(names: list[str], wanted: str, package: Package) -> str:
 
 async def pypi_package(package: Package, state_dir: str, plugin_dir: str | None = None, bin_name: str = "") -> Installed:
     """A virtual environment holding ``package`` (wheels only, hashes pinned); argv runs its script."""
-    shipped = _read_lock(plugin_dir, PY_LOCK)
+    shipped = await _read_lock(plugin_dir, PY_LOCK)
     checked = _checked_requirements_lock(shipped, package)
     key = _key("pypi", str(package), shipped)
     envs = envs_dir(state_dir)
@@ -610,7 +650,7 @@ async def pypi_package(package: Package, state_dir: str, plugin_dir: str | None 
 
 
 def node_exe() -> str:
-    found = shutil.which("node")
+    found = which("node")
     if found is None:
         raise InstallError("node is not installed (an npm package needs Node.js on the daemon's PATH)")
     return os.path.realpath(found)
@@ -619,10 +659,10 @@ def node_exe() -> str:
 async def npm_package(package: Package, state_dir: str, plugin_dir: str | None = None, bin_name: str = "") -> Installed:
     """``package`` and its dependencies in ``node_modules`` (no install scripts, integrity pinned by
     ``package-lock.json``); argv runs its bin with the daemon's ``node``."""
-    shipped = _read_lock(plugin_dir, NPM_LOCK)
+    shipped = await _read_lock(plugin_dir, NPM_LOCK)
     envs = envs_dir(state_dir)
     if shipped:
-        check_npm_lock(shipped, package, await _npm_registries(envs))
+        check_npm_lock(shipped, package, await _npm_registries())
     key = _key("npm", str(package), shipped)
     dest = os.path.join(envs, f"npm-{key}")
     if _ready(dest) is None:
@@ -632,7 +672,7 @@ async def npm_package(package: Package, state_dir: str, plugin_dir: str | None =
                 try:
                     manifest = {"name": "toolcell-hosted", "private": True, "dependencies": {package.name: package.version}}
                     _write(os.path.join(dest, "package.json"), json.dumps(manifest))
-                    npm = shutil.which("npm")
+                    npm = which("npm")
                     if npm is None:
                         raise InstallError("npm is not installed (needed for npm: packages)")
                     if shipped:
@@ -691,10 +731,11 @@ def lock_file(installed: Installed) -> tuple[str, str] | None:
 async def resolve_version(ecosystem: str, name: str) -> str:
     """The newest version of a package (for ``toolcell add`` given no version). Raises ``InstallError``."""
     if ecosystem == "npm":
-        npm = shutil.which("npm")
+        npm = which("npm")
         if npm is None:
             raise InstallError("npm is not installed")
-        out = await _run([npm, "view", "--json", "--", f"{name}@latest", "version"], os.getcwd(), f"looking up {name}")
+        with _npm_dir() as cwd:  # never the caller's directory: a cloned repository's .npmrc would choose the registry
+            out = await _run([npm, "view", "--json", "--", f"{name}@latest", "version"], cwd, f"looking up {name}")
         try:
             version = json.loads(out)
         except ValueError:

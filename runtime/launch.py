@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 
-from runtime import installer
+from runtime import installer, plugin_files
 from runtime.manifest import Manifest
+from runtime.plugin_files import excerpt
 from runtime.server_spec import parse_package
 
 #: Read at start-up by the Node runtime.
@@ -46,6 +48,14 @@ def _executable(first: str, plugin_dir: str) -> str:
         path = first
     elif "/" in first:
         path = os.path.join(plugin_dir, first)
+        try:  # a file of the plugin folder: no link, no FIFO, beneath the folder (runtime.plugin_files)
+            fd = plugin_files.open_beneath(plugin_dir, first)
+        except plugin_files.PluginFileError as exc:
+            raise LaunchError(f"{first!r}: {exc.reason}") from None
+        if fd is None:
+            raise LaunchError(f"{first!r}: no such file")
+        os.close(fd)
+        return path
     else:
         path = _which(first)
     if not os.path.isfile(path):
@@ -53,12 +63,38 @@ def _executable(first: str, plugin_dir: str) -> str:
     return path
 
 
-def _shebang(path: str) -> list[str] | None:
+def _open_head(path: str, plugin_dir: str) -> int:
+    """An fd on ``path`` for reading its ``#!`` line: a file of the plugin folder as every plugin file
+    is opened (``runtime.plugin_files``); any other only if it is a regular file, and without blocking."""
+    rel = os.path.relpath(path, plugin_dir)
+    if not os.path.isabs(rel) and not rel.startswith(".."):
+        try:
+            fd = plugin_files.open_beneath(plugin_dir, rel)
+        except plugin_files.PluginFileError as exc:
+            raise LaunchError(f"{rel!r}: {exc.reason}") from None
+        if fd is None:
+            raise LaunchError(f"{rel!r}: no such file")
+        return fd
     try:
-        with open(path, "rb") as f:
-            head = f.read(256)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise LaunchError(f"{path}: not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
-        raise LaunchError(f"{path}: {exc}") from None
+        raise LaunchError(f"{path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LaunchError(f"{path}: not a regular file")
+    return fd
+
+
+def _shebang(path: str, plugin_dir: str) -> list[str] | None:
+    fd = _open_head(path, plugin_dir)
+    try:
+        head = os.read(fd, 256)
+    except OSError as exc:
+        raise LaunchError(f"{path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if not head.startswith(b"#!"):
         return None
     line = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
@@ -70,7 +106,7 @@ def _shebang(path: str) -> list[str] | None:
         if rest and rest[0] == "-S":
             rest = rest[1:]
         if not rest:
-            raise LaunchError(f"{path}: '#!{line}' names no program")
+            raise LaunchError(f"{path}: '#!{excerpt(line)}' names no program")
         return [_which(rest[0]), *rest[1:]]
     return [parts[0], *parts[1:2]] if len(parts) > 1 else [parts[0]]
 
@@ -83,7 +119,7 @@ def resolve(argv: list[str], plugin_dir: str) -> tuple[list[str], list[str]]:
     reads: list[str] = []
     for _ in range(MAX_SHEBANG_HOPS):
         reads.append(os.path.realpath(argv[0]))
-        interpreter = _shebang(argv[0])
+        interpreter = _shebang(argv[0], plugin_dir)
         if interpreter is None:
             break
         argv = [*interpreter, *argv]
@@ -103,6 +139,14 @@ async def server_command(manifest: Manifest, plugin_dir: str, state_dir: str) ->
     assert server is not None
     if server.package:
         installed = await installer.install_package(parse_package(server.package), state_dir, plugin_dir, server.bin)
-        argv, reads = resolve([*installed.argv, *server.args], plugin_dir)
+        argv, reads = await _resolve_off_loop([*installed.argv, *server.args], plugin_dir)
         return argv, [installed.path, *installed.read, *reads]
-    return resolve([*server.command, *server.args], plugin_dir)
+    return await _resolve_off_loop([*server.command, *server.args], plugin_dir)
+
+
+async def _resolve_off_loop(argv: list[str], plugin_dir: str) -> tuple[list[str], list[str]]:
+    """``resolve`` reads files of a hostile folder: in a thread, under ``plugin_files``' deadline."""
+    try:
+        return await plugin_files.off_loop(resolve, argv, plugin_dir, what="resolving the server's command")
+    except plugin_files.PluginFileError as exc:
+        raise LaunchError(exc.reason) from None

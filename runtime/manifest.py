@@ -35,9 +35,7 @@ Example::
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
@@ -45,8 +43,9 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from runtime import declared_bounds
+from runtime import declared_bounds, plugin_files
 from runtime.egress_rules import parse_entry
+from runtime.plugin_files import excerpt
 from runtime.server_spec import ServerSpec, check_requirements, check_server
 from sandbox.wire import Limits, Permissions
 
@@ -119,9 +118,9 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
     """Every semantic problem with a decoded manifest (empty when it is fine)."""
     problems: list[str] = []
     if not _PLUGIN_NAME.match(m.name):
-        problems.append(f"name {m.name!r}: use 1-64 chars of lowercase letters, digits, '_', '.', '-'")
+        problems.append(f"name {excerpt(m.name)}: use 1-64 chars of lowercase letters, digits, '_', '.', '-'")
     if m.kind not in ("plugin", "server"):
-        problems.append(f"kind {m.kind!r}: must be 'plugin' or 'server'")
+        problems.append(f"kind {excerpt(m.kind)}: must be 'plugin' or 'server'")
     elif m.kind == "server":
         problems.extend(check_server(m.server))
         if m.entry or m.dependencies or m.isolation != "pooled":
@@ -132,18 +131,18 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
     if m.kind != "plugin":
         pass
     elif not _ENTRY.match(m.entry):
-        problems.append(f"entry {m.entry!r} is not a module name")
+        problems.append(f"entry {excerpt(m.entry)} is not a module name")
     else:
         top = m.entry.split(".")[0]
         if not ((plugin_dir / f"{top}.py").is_file() or (plugin_dir / top).is_dir()):
-            problems.append(f"entry module {m.entry!r} not found in {plugin_dir}")
+            problems.append(f"entry module {excerpt(m.entry)} not found in {plugin_dir}")
     if m.prefix and not re.match(r"^[A-Za-z0-9_.-]{1,32}$", m.prefix):
-        problems.append(f"prefix {m.prefix!r}: use 1-32 chars of [A-Za-z0-9_.-]")
+        problems.append(f"prefix {excerpt(m.prefix)}: use 1-32 chars of [A-Za-z0-9_.-]")
     for var in list(m.env.allow) + list(m.env.set):
         if not _ENV_NAME.match(var):
-            problems.append(f"env: {var!r} is not a variable name")
+            problems.append(f"env: {excerpt(var)} is not a variable name")
         elif _ENV_FORBIDDEN.match(var):
-            problems.append(f"env: {var!r} may not be passed to a plugin")
+            problems.append(f"env: {excerpt(var)} may not be passed to a plugin")
     for entry in m.permissions.network:
         try:
             parse_entry(entry)
@@ -152,9 +151,9 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
     for kind, paths in (("read", m.permissions.read), ("write", m.permissions.write)):
         for p in paths:
             if not p.startswith("/"):
-                problems.append(f"permissions.{kind} {p!r}: must be an absolute path")
+                problems.append(f"permissions.{kind} {excerpt(p)}: must be an absolute path")
             elif ".." in p.split("/"):
-                problems.append(f"permissions.{kind} {p!r}: must not contain '..' (name the folder itself)")
+                problems.append(f"permissions.{kind} {excerpt(p)}: must not contain '..' (name the folder itself)")
     return problems
 
 
@@ -165,20 +164,19 @@ def load_manifest(plugin_dir: Path) -> Manifest:
     plugin with a reason, never more."""
     path = plugin_dir / MANIFEST_NAME
     try:
-        with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ManifestError(path, [f"{MANIFEST_NAME} is not a regular file"])
-            data = f.read(MAX_MANIFEST_BYTES + 1)
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise ManifestError(path, [f"{MANIFEST_NAME} is larger than {MAX_MANIFEST_BYTES} bytes"])
-        raw = tomllib.loads(data.decode("utf-8"))
-    except FileNotFoundError:
-        raise ManifestError(path, [f"no {MANIFEST_NAME} in {plugin_dir}"]) from None
-    except OSError as exc:
-        raise ManifestError(path, [f"{MANIFEST_NAME} cannot be read: {exc.strerror or exc}"]) from None
+        data = plugin_files.read_bytes(str(plugin_dir), MANIFEST_NAME, MAX_MANIFEST_BYTES)
+        if data is None:
+            raise ManifestError(path, [f"no {MANIFEST_NAME} in {plugin_dir}"])
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ManifestError(path, [f"{MANIFEST_NAME} is not UTF-8 text (byte {exc.start})"]) from None
+        raw = tomllib.loads(text)
+    except plugin_files.PluginFileError as exc:
+        raise ManifestError(path, [exc.reason]) from None
     except RecursionError:
         raise ManifestError(path, ["not valid TOML: nested too deeply"]) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a 5,000-digit integer
+    except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: a 5,000-digit integer
         raise ManifestError(path, [f"not valid TOML: {str(exc)[:300]}"]) from None
     # Declared bounds first, every one; the rest is decoded without the offending values, so that
     # its own problems are reported in the same go.

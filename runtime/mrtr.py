@@ -93,8 +93,14 @@ def load_state_key(path: str) -> bytes:
 def _read_key(path: str) -> bytes:
     with open(path, "rb") as f:
         info = os.fstat(f.fileno())
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ValueError(f"{path}: the requestState key must not be readable by others (chmod 600)")
+        # PostgreSQL's rule for its key files: a key of our own is for us alone (0600); one that root
+        # provides may also be read by its group (0640: a Kubernetes Secret mounted with fsGroup is
+        # root's, 0440, in the pod's group). Nobody else may read it, and only its owner write it.
+        shared_by_root = info.st_uid == 0 != os.geteuid()
+        forbidden = (stat.S_IWGRP | stat.S_IXGRP | stat.S_IRWXO) if shared_by_root else (stat.S_IRWXG | stat.S_IRWXO)
+        if info.st_mode & forbidden:
+            raise ValueError(f"{path}: the requestState key must not be readable by others (chmod 600; a key "
+                             "owned by root may be 0640)")
         key = f.read(4096)
     if len(key) < 16:
         raise ValueError(f"{path}: a requestState key needs at least 16 bytes")

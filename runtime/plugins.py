@@ -8,6 +8,7 @@ public name, the plugin whose name sorts first keeps it, always, and the conflic
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import msgspec
 import trio
 
+from runtime import plugin_files
 from runtime.logs import log
 from runtime.manifest import MANIFEST_NAME, Manifest, ManifestError, load_manifest
 from runtime.protocol.catalog import ToolEntry
@@ -65,14 +67,20 @@ def awaiting_approval(plugin: Plugin) -> bool:
 
 
 def discover(dirs: Iterable[str]) -> list[Path]:
-    """Plugin folders: each directory given that holds a manifest, or its immediate subfolders that do."""
+    """Plugin folders: each directory given that holds a manifest, or its immediate subfolders that do.
+
+    A subfolder whose name starts with a dot is never a plugin: that is where folders are put together
+    before they are finished (``toolcell import`` and ``add`` move a folder in with one rename). A
+    manifest counts whatever it is (``lexists``): one that is a FIFO, a link or a folder is found, and
+    then refused with that reason when it is read (``runtime.plugin_files``), not skipped unseen."""
     found: list[Path] = []
     for d in dirs:
         root = Path(d).resolve()
-        if (root / MANIFEST_NAME).is_file():
+        if os.path.lexists(root / MANIFEST_NAME):
             found.append(root)
         elif root.is_dir():
-            found.extend(sorted(p for p in root.iterdir() if p.is_dir() and (p / MANIFEST_NAME).is_file()))
+            found.extend(sorted(p for p in root.iterdir()
+                                if not p.name.startswith(".") and p.is_dir() and os.path.lexists(p / MANIFEST_NAME)))
         else:
             log("plugin_dir_missing", level="warning", path=str(root))
     return found
@@ -83,9 +91,12 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
     """Load one plugin: manifest, first worker, tool checks. Never raises for the plugin's faults."""
     plugin = Plugin(path)
     try:
-        plugin.manifest = load_manifest(path)
+        plugin.manifest = await plugin_files.off_loop(load_manifest, path, what=f"reading {MANIFEST_NAME}")
     except ManifestError as exc:
         plugin.problems = [f"{exc.path}: {p}" for p in exc.problems]
+        return plugin
+    except plugin_files.PluginFileError as exc:
+        plugin.problems = [f"{path / MANIFEST_NAME}: {exc.reason}"]
         return plugin
     from runtime import approvals, installer
 

@@ -1,14 +1,20 @@
 """``toolcell serve``: one daemon (one catalog, one set of worker pools) behind every transport.
 
 stdio, Streamable HTTP on TCP and on a unix socket can run at once. SIGTERM or SIGINT starts a
-graceful shutdown: listeners stop accepting, long-lived streams end, in-flight requests get
+graceful shutdown: with ``http.drain_s``, ``/healthz`` first says "draining" that long while
+everything is still served (a balancer takes the replica out); then listeners stop accepting, long-lived streams end, in-flight requests get
 ``http.shutdown_grace_s`` to finish, then the workers are killed; a second signal stops at once.
 End of stdin (when serving stdio) shuts the whole daemon down the same way: the process that
 started us over stdio is gone.
+
+Under systemd (``deploy/systemd/``) the daemon says ``READY=1`` once every listener serves and
+``STOPPING=1`` when the shutdown starts (``Type=notify``), and serves HTTP on the sockets the
+``.socket`` unit passed instead of binding its own (``runtime.systemd``).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from functools import partial
@@ -16,9 +22,10 @@ from typing import Any
 
 import trio
 
-from runtime import logs
+from runtime import logs, systemd
 from runtime.config import Config
 from runtime.http_config import parse_listen
+from sandbox.isolation import cgroups
 
 
 async def _answer_calls_at_grace_end(daemon: Any, shutdown: trio.Event, grace_s: float) -> None:
@@ -32,15 +39,33 @@ async def _answer_calls_at_grace_end(daemon: Any, shutdown: trio.Event, grace_s:
         daemon.abort_calls("the server is shutting down")
 
 
-async def _watch_signals(shutdown: trio.Event, hard_stop: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            if shutdown.is_set():
-                logs.log("shutdown_forced", level="warning", signal=signal.Signals(signum).name)
-                hard_stop.cancel()
-                return
-            logs.log("shutdown_started", signal=signal.Signals(signum).name)
-            shutdown.set()
+async def _notify_stopping(notifier: systemd.Notifier, shutdown: trio.Event) -> None:
+    await shutdown.wait()
+    notifier.notify("STOPPING=1", "STATUS=draining: finishing the calls in flight")
+
+
+async def _drain_then_shut_down(daemon: Any, shutdown: trio.Event, drain_s: float) -> None:
+    """``/healthz`` says "draining" for ``drain_s`` while everything is still served (a balancer's
+    health check takes the replica out meanwhile), then the graceful shutdown begins."""
+    daemon.draining = True
+    logs.log("draining", seconds=drain_s, note="/healthz answers 503 draining; requests are still served")
+    await trio.sleep(drain_s)
+    shutdown.set()
+
+
+async def _watch_signals(daemon: Any, shutdown: trio.Event, hard_stop: trio.CancelScope, drain_s: float) -> None:
+    async with trio.open_nursery() as nursery:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if shutdown.is_set() or daemon.draining:
+                    logs.log("shutdown_forced", level="warning", signal=signal.Signals(signum).name)
+                    hard_stop.cancel()
+                    return
+                logs.log("shutdown_started", signal=signal.Signals(signum).name)
+                if drain_s > 0:
+                    nursery.start_soon(_drain_then_shut_down, daemon, shutdown, drain_s)
+                else:
+                    shutdown.set()
 
 
 def ensure_bindable(address: tuple[str, int]) -> None:
@@ -69,14 +94,28 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
     from runtime.daemon import open_daemon
 
     hcfg = cfg.http
+    leaf = cgroups.enter_daemon_leaf()  # a delegated cgroup v2 (Delegate=yes, a container): workers beside us
+    if leaf is not None:
+        logs.log("cgroup_leaf_entered", cgroup=leaf)
+    notifier = systemd.Notifier.from_environment()
+    passed = [sock for _, sock in systemd.listen_sockets()]
     listen = parse_listen(http if http else (hcfg.listen or "")) if http is not None else None
     unix = unix or (hcfg.unix if http is not None else None)
-    if listen is not None:
-        from runtime.transports.listeners import check_exposure
+    if passed:  # socket activation: the service manager bound the HTTP listeners already
+        if http is None and not unix:
+            for sock in passed:
+                sock.close()
+            raise ValueError("sockets were passed by the service manager but no HTTP transport was asked for "
+                             "(add --http to the command line)")
+        listen = unix = None
+    from runtime.transports.listeners import check_exposure, passed_address
 
+    for sock in passed:
+        check_exposure(hcfg, passed_address(sock))
+    if listen is not None:
         check_exposure(hcfg, listen)
         ensure_bindable(listen)
-    if hcfg.metrics_listen and (listen is not None or unix or stdio):
+    if hcfg.metrics_listen and (listen is not None or unix or passed or stdio):
         ensure_bindable(parse_listen(hcfg.metrics_listen, default_port=9464))
     async with open_daemon(cfg) as daemon:
         audit: Any = None
@@ -86,26 +125,31 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
 
             audit = AuditLog(hcfg.audit_log)
             daemon.call_hooks.append(audit.hook)
-        if hcfg.metrics_listen and (listen is not None or unix or stdio):
+        if hcfg.metrics_listen and (listen is not None or unix or passed or stdio):
             from runtime.metrics import Metrics
 
             metrics = Metrics(daemon)
             daemon.call_hooks.append(metrics.hook)
+        tracer = _tracing()
+        if tracer is not None:
+            daemon.calls.tracer = tracer
         shutdown = trio.Event()
         urls: list[str] = []
         try:
             async with trio.open_nursery() as outer:
-                outer.start_soon(_watch_signals, shutdown, outer.cancel_scope)
+                outer.start_soon(_watch_signals, daemon, shutdown, outer.cancel_scope, hcfg.drain_s)
                 outer.start_soon(_answer_calls_at_grace_end, daemon, shutdown, hcfg.shutdown_grace_s)
+                outer.start_soon(_notify_stopping, notifier, shutdown)
                 from runtime.reload import serve_reloaders
 
                 outer.start_soon(serve_reloaders, daemon)
                 async with trio.open_nursery() as servers:
-                    if listen is not None or unix:
+                    if listen is not None or unix or passed:
                         from runtime.transports.listeners import serve_http
 
                         urls = await servers.start(partial(
-                            serve_http, daemon, hcfg, listen=listen, unix=unix, shutdown=shutdown, audit=audit,
+                            serve_http, daemon, hcfg, listen=listen, unix=unix, passed=passed, shutdown=shutdown,
+                            audit=audit,
                             on_app=metrics.add_app if metrics is not None else None))
                         for url in urls:
                             print(f"toolcell: MCP endpoint {url}", file=sys.stderr, flush=True)
@@ -121,11 +165,47 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
                     if stdio:
                         servers.start_soon(_serve_stdio, daemon, shutdown, hcfg.shutdown_grace_s)
                     task_status.started(urls)
+                    notifier.notify("READY=1", f"STATUS=serving {len(daemon.catalog)} tools")
                 outer.cancel_scope.cancel()
         finally:
             if audit is not None:
                 audit.close()
+            if tracer is not None:
+                daemon.calls.tracer = None
+                await trio.to_thread.run_sync(tracer.shutdown)  # flushes what is left to the collector
             logs.log("stopped")
+
+
+def tracing_wanted() -> bool:
+    """Whether the standard ``OTEL_*`` environment asks for traces: ``OTEL_TRACES_EXPORTER`` naming
+    an exporter, or an OTLP endpoint set; never with ``OTEL_SDK_DISABLED=true``."""
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return exporter != "none"
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def _tracing() -> Any:
+    """The daemon's tracer when the ``OTEL_*`` environment asks for traces, else None."""
+    if not tracing_wanted():
+        return None
+    try:
+        # Lazy: OpenTelemetry is an optional extra (toolcell[otel]), imported only when traces are on.
+        from runtime.tracing import Tracing
+    except ImportError as exc:
+        logs.log("tracing_unavailable", level="warning", error=f"the OTEL_* environment asks for traces, but "
+                 f"{exc.name or 'opentelemetry'} is not installed: pip install 'toolcell[otel]'")
+        return None
+    from runtime.workers import PHASES  # lazy like the daemon itself (see serve)
+
+    PHASES.on = True  # the pools time each call's queue wait and worker round trip (the child spans)
+    tracer = Tracing()
+    logs.log("tracing", exporter="otlp", endpoint=os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+             or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318")
+    return tracer
 
 
 async def _serve_stdio(daemon: Any, shutdown: trio.Event, grace_s: float) -> None:

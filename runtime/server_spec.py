@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import msgspec
 
+from runtime.plugin_files import excerpt
+
 _NPM_NAME = re.compile(r"^(@[a-z0-9][a-z0-9._~-]{0,100}/)?[a-z0-9][a-z0-9._~-]{0,100}$")
 _NPM_VERSION = re.compile(r"^\d{1,9}\.\d{1,9}\.\d{1,9}(-[0-9A-Za-z.-]{1,64})?(\+[0-9A-Za-z.-]{1,64})?$")
 _PYPI_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,100}[A-Za-z0-9])?$")
@@ -73,24 +75,24 @@ def parse_package(spec: str, *, pinned: bool = True) -> Package:
     as ``toolcell add`` accepts). Raises ``ValueError`` saying what is wrong."""
     eco, sep, rest = spec.partition(":")
     if not sep or eco not in ("npm", "pypi"):
-        raise ValueError(f"package {spec!r}: use npm:NAME@VERSION or pypi:NAME==VERSION")
+        raise ValueError(f"package {excerpt(spec)}: use npm:NAME@VERSION or pypi:NAME==VERSION")
     if eco == "npm":
         at = rest.rfind("@")
         name, version = (rest[:at], rest[at + 1:]) if at > 0 else (rest, "")
         if not _NPM_NAME.match(name):
-            raise ValueError(f"package {spec!r}: {name!r} is not an npm package name")
+            raise ValueError(f"package {excerpt(spec)}: {excerpt(name)} is not an npm package name")
         if version and not _NPM_VERSION.match(version):
-            raise ValueError(f"package {spec!r}: version {version!r} is not an exact version (x.y.z)")
+            raise ValueError(f"package {excerpt(spec)}: version {excerpt(version)} is not an exact version (x.y.z)")
     else:
         name, eq, version = rest.partition("==")
         if not _PYPI_NAME.match(name):
-            raise ValueError(f"package {spec!r}: {name!r} is not a PyPI project name")
+            raise ValueError(f"package {excerpt(spec)}: {excerpt(name)} is not a PyPI project name")
         if eq and not _PYPI_VERSION.match(version):
-            raise ValueError(f"package {spec!r}: version {version!r} is not an exact version")
+            raise ValueError(f"package {excerpt(spec)}: version {excerpt(version)} is not an exact version")
         if eq and not version:
-            raise ValueError(f"package {spec!r}: empty version")
+            raise ValueError(f"package {excerpt(spec)}: empty version")
     if pinned and not version:
-        raise ValueError(f"package {spec!r}: pin a version ({'@x.y.z' if eco == 'npm' else '==x.y.z'})")
+        raise ValueError(f"package {excerpt(spec)}: pin a version ({'@x.y.z' if eco == 'npm' else '==x.y.z'})")
     return Package(eco, name if eco == "npm" else name.lower().replace("_", "-"), version)
 
 
@@ -109,9 +111,9 @@ def check_server(spec: ServerSpec | None) -> list[str]:
     if spec.command:
         first = spec.command[0]
         if not first or first.startswith("-"):
-            problems.append(f"server.command: {first!r} is not an executable")
+            problems.append(f"server.command: {excerpt(first)} is not an executable")
     if spec.bin and not _BIN.match(spec.bin):
-        problems.append(f"server.bin {spec.bin!r}: not an executable name")
+        problems.append(f"server.bin {excerpt(spec.bin)}: not an executable name")
     for arg in [*spec.command, *spec.args]:
         if "\0" in arg or len(arg) > 4096:
             problems.append("server: arguments may not hold NUL bytes or exceed 4096 characters")
@@ -144,6 +146,6 @@ def check_requirements(requirements: list[str]) -> list[str]:
         problems.append("dependencies: at most 256 requirements")
     for req in requirements:
         if not _REQUIREMENT.match(req.replace(" ", "")):
-            problems.append(f"dependencies: {req!r} is not a requirement toolcell installs (use NAME, NAME==1.2, "
+            problems.append(f"dependencies: {excerpt(req)} is not a requirement toolcell installs (use NAME, NAME==1.2, "
                             "NAME[extra]>=1,<2: no URLs, paths, markers or options)")
     return problems

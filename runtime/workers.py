@@ -525,9 +525,10 @@ class WorkerPool:
             self._grow_for_queue()
 
     def new_slot(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
-                 on_event: Callable[[Any], None] | None, on_done: Callable[[Slot], None] | None = None) -> Slot:
+                 on_event: Callable[[Any], None] | None, on_done: Callable[[Slot], None] | None = None,
+                 trace: str = "") -> Slot:
         self._next_call_id += 1
-        call = wire.Call(self._next_call_id, tool, arguments, progress, log_level)
+        call = wire.Call(self._next_call_id, tool, arguments, progress, log_level, trace)
         # Encoding the frame raises here (OverflowError for integers beyond 64 bits, ...): an
         # unencodable argument fails its own call, before it is queued anywhere.
         return Slot(call, wire.encode_frame(call), on_event, on_done)

@@ -130,11 +130,15 @@ def embedded_blob(uri: str, data: bytes | str, mime_type: str = "application/oct
 class CallContext:
     """The call being run. The worker installs one per call; ``current()`` returns it."""
 
-    __slots__ = ("call_id", "_send", "_want_progress", "_log_level", "_last_progress", "_exchange", "_asker_")
+    __slots__ = ("call_id", "_send", "_want_progress", "_log_level", "_last_progress", "_exchange", "_asker_",
+                 "traceparent")
 
     def __init__(self, call_id: int, send: Callable[[Any], None], want_progress: bool, log_level: int,
-                 exchange: Callable[[list[Any]], list[Any]] | None = None) -> None:
+                 exchange: Callable[[list[Any]], list[Any]] | None = None, traceparent: str = "") -> None:
         self.call_id = call_id
+        #: The W3C ``traceparent`` of this call's span in the daemon ("" when the daemon does not trace):
+        #: give it to your own OpenTelemetry tracer as the parent of the spans you make.
+        self.traceparent = traceparent
         self._send = send
         self._want_progress = want_progress
         self._log_level = log_level

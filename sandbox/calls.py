@@ -51,7 +51,7 @@ def _run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: An
     tdef = tools.get(call.tool)
     if tdef is None:
         return Result(call.id, [{"type": "text", "text": f"Unknown tool: {call.tool}"}], is_error=True)
-    api._set_current(api.CallContext(call.id, send, call.progress, call.log_level, exchange))
+    api._set_current(api.CallContext(call.id, send, call.progress, call.log_level, exchange, call.traceparent))
     try:
         if tdef.args_type is not None:
             try:

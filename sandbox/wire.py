@@ -120,6 +120,9 @@ class Call(msgspec.Struct, tag="call", frozen=True, array_like=True):
     progress: bool = False
     #: Minimum syslog severity (0 = debug ... 7 = emergency) the client wants, or -1 for none.
     log_level: int = -1
+    #: The call's W3C trace context (its ``tools/call`` span) when the daemon traces: plugin code
+    #: reads it as ``current().traceparent`` to make child spans. Empty when tracing is off.
+    traceparent: str = ""
 
 
 class CancelCall(msgspec.Struct, tag="cancel", frozen=True, array_like=True):

@@ -3,7 +3,7 @@
     toolcell bench toolcell:benchmarks/plugins "sdk=stdio:python3 benchmarks/peers/sdk_server.py" \\
         --tool echo --args '{"text": "hi {{seq}}"}' --concurrency 1,16 --duration 5 --html bench.html
     toolcell bench http://127.0.0.1:8765/mcp --token TOKEN --rate 100,200,400 --list
-    toolcell bench compare base.json new.json --threshold 10
+    toolcell bench compare base.json new.json --threshold 10 --markdown
 """
 
 from __future__ import annotations
@@ -33,6 +33,28 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in values]
 
 
+#: The examples ``--help`` shows (the README shows the same ones; tests/bench/test_bench_cli.py checks).
+EXAMPLES = [
+    "toolcell bench toolcell:benchmarks/plugins \"sdk=stdio:python3 benchmarks/peers/sdk_server.py\" "
+    "toolcell+http:benchmarks/plugins \"sdk-http=http:python3 benchmarks/peers/sdk_server.py --http --port {port}\" "
+    "--tool echo --args '{\"text\": \"hi {{seq}}\"}' --expect-text 'hi {{seq}}' -c 1,16 --duration 5 --html bench.html",
+    "toolcell bench \"stdio:npx -y @modelcontextprotocol/server-everything\" --call 'echo {\"message\": \"x\"}' --list",
+    "toolcell bench https://example.test/mcp --token \"$TOKEN\" --rate 50,100,200,400",
+    "toolcell bench stdio:./server --scenario mix.toml --era modern -n 10000 --repeat 5 --json new.json",
+    "toolcell bench trivial --tool echo --fail-if 'p99>50ms' --fail-if 'errors>0' --markdown",
+    "toolcell bench compare base.json new.json --threshold 10 --markdown",
+]
+
+
+def _gate(text: str) -> object:
+    from runtime.bench import gates
+
+    try:
+        return gates.parse(text)
+    except gates.GateError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``toolcell bench`` argument parser."""
     p = argparse.ArgumentParser(
@@ -41,7 +63,9 @@ def parser() -> argparse.ArgumentParser:
                     "server CPU and memory, the client's own ceiling, and an HTML report.",
         epilog="targets: stdio:COMMAND | http:COMMAND (with {port}) | http(s)://URL | toolcell:PLUGIN_DIR | "
                "toolcell+http:PLUGIN_DIR | trivial | trivial+http; NAME=TARGET labels one.\n"
-               "compare: toolcell bench compare BASE.json NEW.json [--threshold PCT]")
+               "compare: toolcell bench compare BASE.json NEW.json [--threshold PCT] [--alpha P] [--markdown] "
+               "[--fail-if ...]\n\n"
+               "examples:\n" + "\n".join(f"  {e}" for e in EXAMPLES))
     p.add_argument("targets", nargs="+", metavar="TARGET", help="what to benchmark (see below)")
     s = p.add_argument_group("scenario (default: --tool echo if nothing else is given... see --list)")
     s.add_argument("--scenario", metavar="FILE", help="a TOML scenario ([[call]] entries, [list])")
@@ -76,7 +100,11 @@ def parser() -> argparse.ArgumentParser:
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="the whole report as JSON ('-': to stdout, instead of the table)")
     out.add_argument("--html", metavar="FILE", help="a self-contained HTML report with plots")
-    out.add_argument("--markdown", action="store_true", help="print the summary as markdown")
+    out.add_argument("--markdown", action="store_true", help="print the summary as markdown (a pull-request comment)")
+    out.add_argument("--fail-if", action="append", default=[], type=_gate, metavar="'[TARGET:]METRIC OP VALUE'",
+                     help="exit 1 if any measured target crosses it at any step, e.g. 'p99>50ms', 'errors>0', "
+                          "'error_rate>=1%%', 'calls/s<1000', 'toolcell:rss>200MB' (metrics: p50 p90 p99 p99.9 max "
+                          "mean errors error_rate calls/s cpu rss; repeatable)")
     out.add_argument("-q", "--quiet", action="store_true", help="no live progress")
     out.add_argument("--baseline", metavar="NAME", help="the target ratios divide by (default: the first)")
     out.add_argument("--no-ceiling", action="store_true", help="do not measure the client's ceiling (trivial server)")
@@ -84,27 +112,51 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _compare(argv: Sequence[str]) -> int:
-    from runtime.bench import report
-
-    p = argparse.ArgumentParser(prog="toolcell bench compare",
-                                description="Compare two --json reports; exit 1 on a regression (for CI).")
-    p.add_argument("base")
-    p.add_argument("new")
+def compare_parser() -> argparse.ArgumentParser:
+    """The ``toolcell bench compare`` argument parser."""
+    p = argparse.ArgumentParser(
+        prog="toolcell bench compare", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Compare two --json reports, repeat by repeat (run both with --repeat 5 or more): per target "
+                    "and step, the medians of calls/s, p50 and p99, and a Mann-Whitney U test of whether the "
+                    "difference is more than noise. Exit 1 on a regression (for CI), 2 on unusable input.",
+        epilog="examples:\n  toolcell bench compare base.json new.json\n"
+               "  toolcell bench compare base.json new.json --threshold 5 --alpha 0.01 --markdown > comment.md\n"
+               "  toolcell bench compare base.json new.json --fail-if 'p99>50ms'")
+    p.add_argument("base", metavar="BASE.json")
+    p.add_argument("new", metavar="NEW.json")
     p.add_argument("--threshold", type=float, default=10.0, metavar="PCT",
-                   help="percent of calls/s lost or p99 gained that counts as a regression (default 10)")
+                   help="a significant change counts as a regression only beyond this percent (default 10)")
+    p.add_argument("--alpha", type=float, default=0.05, metavar="P",
+                   help="significance level: a difference with p at or above it is 'no significant change' "
+                        "(default 0.05)")
+    p.add_argument("--markdown", action="store_true", help="print markdown (a pull-request comment)")
+    p.add_argument("--fail-if", action="append", default=[], type=_gate, metavar="'[TARGET:]METRIC OP VALUE'",
+                   help="also exit 1 if the NEW report crosses it (as for toolcell bench; repeatable)")
+    return p
+
+
+def _compare(argv: Sequence[str]) -> int:
+    from runtime.bench import compare, gates, report
+
+    p = compare_parser()
     args = p.parse_args(argv)
+    if not 0 < args.alpha < 1 or args.threshold < 0:
+        print("toolcell bench compare: --alpha must be between 0 and 1, --threshold not negative", file=sys.stderr)
+        return 2
     try:
         base, new = report.load(args.base), report.load(args.new)
     except ValueError as exc:
         print(f"toolcell bench compare: {exc}", file=sys.stderr)
         return 2
-    changes = report.compare(base, new, args.threshold)
+    changes = compare.compare(base, new, args.threshold, args.alpha)
     if not changes:
         print("toolcell bench compare: the reports have no (target, step) in common", file=sys.stderr)
         return 2
-    print(report.compare_text(changes, args.threshold))
-    return 1 if any(c.regressions for c in changes) else 0
+    print(compare.render(changes, args.threshold, args.alpha, args.markdown))
+    crossed = gates.crossed(new, args.fail_if)
+    if crossed:
+        print("", *(("- " if args.markdown else "") + line for line in crossed), sep="\n")
+    return 1 if crossed or any(c.regressions for c in changes) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError:
             print(f"--html: {EXTRA_HINT}", file=sys.stderr)
             return 2
-    from runtime.bench import load, report, runner, scenario, targets
+    from runtime.bench import gates, load, report, runner, scenario, targets
 
     try:
         if args.scenario:
@@ -176,10 +228,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ntoolcell bench: interrupted", file=sys.stderr)
         return 130
+    crossed = gates.crossed(result, args.fail_if)
     if args.json == "-":
         sys.stdout.buffer.write(report.to_json(result) + b"\n")
     else:
         print(report.render_text(result, args.markdown))
+        if crossed:
+            print("", *(("- " if args.markdown else "") + line for line in crossed), sep="\n")
+    for line in crossed if args.json == "-" else []:
+        print(line, file=sys.stderr)
     if args.json and args.json != "-":
         with open(args.json, "wb") as f:
             f.write(report.to_json(result))
@@ -189,4 +246,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         html_report.write(result, args.html)
         print(f"HTML report: {args.html}", file=sys.stderr)
     usable = [t for t in result.targets if not t.ceiling]
-    return 1 if any(t.status in ("broken", "down", "died") for t in usable) else 0
+    return 1 if crossed or any(t.status in ("broken", "down", "died") for t in usable) else 0

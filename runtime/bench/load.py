@@ -126,7 +126,7 @@ class Loop:
 
     def __init__(self, ops: list[Op], labels: list[str], weights: list[int], shape: Shape, timing: Timing,
                  seq_start: int, on_window: Callable[[bool], None] | None,
-                 progress: Callable[[Loop, int], None] | None) -> None:
+                 progress: Callable[[Loop, int], None] | None, sampler: stats.ServerSampler | None = None) -> None:
         self.ops = ops
         #: Per operation: the call (None for a list walk) and the first request's template.
         self.calls = [op if isinstance(op, CompiledCall) else None for op in ops]
@@ -135,7 +135,7 @@ class Loop:
         self.shape = shape
         self.timing = timing
         self.open = shape.mode == "open"
-        self.recorder = stats.Recorder(labels, service=self.open)
+        self.recorder = stats.Recorder(labels, service=self.open, sampler=sampler)
         self.stats = SegmentStats()
         self.seq = seq_start
         self.on_window = on_window

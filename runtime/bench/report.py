@@ -1,5 +1,5 @@
-"""The report: what a run measured (Structs, written as ``--json``), the table printed at the
-end, and ``toolcell bench compare`` for CI gates."""
+"""The report: what a run measured (Structs, written as ``--json``) and the table printed at the
+end (``compare.py`` compares two reports, ``gates.py`` checks ``--fail-if``)."""
 
 from __future__ import annotations
 
@@ -72,8 +72,12 @@ class Summary(msgspec.Struct):
     client_cpu_pct: float
     server_cpu_us_per_call: float | None
     server_rss_mb: float | None
+    #: Closed loop: calls/s over the baseline's at the same step (None in an open loop, where
+    #: every target is offered the same rate and calls/s tells nothing apart).
     ratio: float | None = None
     p50_ratio: float | None = None
+    #: p99 latency over the baseline's at the same step: what an open loop compares.
+    p99_ratio: float | None = None
     ceiling_share: float | None = None
     offered_per_s: float | None = None
     curve: list[tuple[float, float]] = msgspec.field(default_factory=list)
@@ -175,31 +179,64 @@ def _ms(value: float) -> str:
 
 HEADERS = ["target", "step", "calls/s", "spread", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "errors",
            "srv CPU µs/call", "srv RSS MB", "client CPU", "ratio"]
+#: An open loop offers every target the same rate: the last column compares latency instead.
+OPEN_LOOP_RATIO = "p99 vs base"
+#: What a figure that cannot be computed shows (a spread over one repeat, a ratio to nothing).
+NONE = "–"
+
+
+def spread_pct(row: Summary) -> float | None:
+    """Half the range of the repeats' calls/s, as a percent of their median; None with one repeat."""
+    if row.repeats < 2 or not row.calls_per_s:
+        return None
+    return (row.calls_per_s_max - row.calls_per_s_min) / row.calls_per_s * 50
+
+
+def _ratio_cell(row: Summary, baseline: str | None) -> str:
+    if row.offered_per_s is not None:
+        value = row.p99_ratio
+    else:
+        value = row.ratio
+    if value is None:
+        return NONE
+    return "1.00 (base)" if row.target == baseline else f"{value:.2f}x"
 
 
 def _cells(row: Summary, baseline: str | None) -> list[str]:
-    spread = (row.calls_per_s_max - row.calls_per_s_min) / row.calls_per_s * 50 if row.calls_per_s else 0.0
+    spread = spread_pct(row)
     errors = sum(row.errors.values())
     err = f"{errors}" + (f" ({row.error_rate:.1%})" if errors else "")
-    ratio = "-" if row.ratio is None else ("1.00 (base)" if row.target == baseline else f"{row.ratio:.2f}x")
-    return [row.target, row.step, f"{row.calls_per_s:,.0f}", f"±{spread:.0f}%", _ms(row.latency.p50_ms),
-            _ms(row.latency.p90_ms), _ms(row.latency.p99_ms), _ms(row.latency.p999_ms), _ms(row.latency.max_ms), err,
-            "-" if row.server_cpu_us_per_call is None else f"{row.server_cpu_us_per_call:,.0f}",
-            "-" if row.server_rss_mb is None else f"{row.server_rss_mb:.1f}", f"{row.client_cpu_pct:.0f}%", ratio]
+    return [row.target, row.step, f"{row.calls_per_s:,.0f}", NONE if spread is None else f"±{spread:.0f}%",
+            _ms(row.latency.p50_ms), _ms(row.latency.p90_ms), _ms(row.latency.p99_ms), _ms(row.latency.p999_ms),
+            _ms(row.latency.max_ms), err,
+            NONE if row.server_cpu_us_per_call is None else f"{row.server_cpu_us_per_call:,.0f}",
+            NONE if row.server_rss_mb is None else f"{row.server_rss_mb:.1f}", f"{row.client_cpu_pct:.0f}%",
+            _ratio_cell(row, baseline)]
+
+
+def headers(rows: Sequence[Summary]) -> list[str]:
+    """The table's column names (the last depends on the loop)."""
+    if any(r.offered_per_s is not None for r in rows):
+        return [*HEADERS[:-1], OPEN_LOOP_RATIO]
+    return list(HEADERS)
+
+
+def table_lines(names: Sequence[str], cells: Sequence[Sequence[str]], markdown: bool, left: int = 2) -> list[str]:
+    """Aligned text lines (or markdown) of a table whose first ``left`` columns are text."""
+    if markdown:
+        out = ["| " + " | ".join(names) + " |", "|" + "|".join("---" if i < left else "---:" for i in range(len(names))) + "|"]
+        return out + ["| " + " | ".join(c) + " |" for c in cells]
+    grid = [list(names), *cells]
+    widths = [max(len(line[i]) for line in grid) for i in range(len(names))]
+    lines = ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=False))).rstrip()
+             for line in grid]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
 
 
 def table(rows: Sequence[Summary], baseline: str | None, markdown: bool = False) -> str:
     """The summary as an aligned text table (or markdown)."""
-    cells = [_cells(r, baseline) for r in rows]
-    if markdown:
-        out = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" if i < 2 else "---:" for i in range(len(HEADERS))) + "|"]
-        return "\n".join(out + ["| " + " | ".join(c) + " |" for c in cells])
-    grid = [HEADERS, *cells]
-    widths = [max(len(line[i]) for line in grid) for i in range(len(HEADERS))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=False))).rstrip()
-             for line in grid]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(table_lines(headers(rows), [_cells(r, baseline) for r in rows], markdown))
 
 
 def render_text(report: Report, markdown: bool = False) -> str:
@@ -247,7 +284,7 @@ def render_text(report: Report, markdown: bool = False) -> str:
     return "\n".join(out)
 
 
-# -- JSON and compare ------------------------------------------------------------------------------
+# -- JSON ------------------------------------------------------------------------------------------
 
 
 def to_json(report: Report) -> bytes:
@@ -269,59 +306,3 @@ def load(path: str) -> Report:
     if report.format != REPORT_FORMAT:
         raise ValueError(f"{path}: report format {report.format}, this version reads {REPORT_FORMAT}")
     return report
-
-
-class Change(msgspec.Struct):
-    """One (target, step) compared between two reports."""
-
-    target: str
-    step: str
-    base_calls_per_s: float
-    new_calls_per_s: float
-    calls_change: float
-    base_p99_ms: float
-    new_p99_ms: float
-    p99_change: float
-    base_error_rate: float
-    new_error_rate: float
-    regressions: list[str]
-
-
-def compare(base: Report, new: Report, threshold_pct: float) -> list[Change]:
-    """Every (target, step) in both reports. A regression: calls/s down or p99 up by more than
-    ``threshold_pct`` percent, or an error rate that grew by more than that share of itself and by
-    at least 0.1 percentage point (so errors where there were none count)."""
-    old = {(s.target, s.step): s for s in base.summary}
-    out = []
-    for s in new.summary:
-        b = old.get((s.target, s.step))
-        if b is None:
-            continue
-        calls = (s.calls_per_s - b.calls_per_s) / b.calls_per_s * 100 if b.calls_per_s else 0.0
-        p99 = (s.latency.p99_ms - b.latency.p99_ms) / b.latency.p99_ms * 100 if b.latency.p99_ms else 0.0
-        regressions = []
-        if calls < -threshold_pct:
-            regressions.append(f"calls/s {calls:+.1f}%")
-        if p99 > threshold_pct:
-            regressions.append(f"p99 {p99:+.1f}%")
-        if s.error_rate - b.error_rate > max(0.001, b.error_rate * threshold_pct / 100):
-            regressions.append(f"error rate {b.error_rate:.2%} -> {s.error_rate:.2%}")
-        out.append(Change(s.target, s.step, b.calls_per_s, s.calls_per_s, calls, b.latency.p99_ms,
-                          s.latency.p99_ms, p99, b.error_rate, s.error_rate, regressions))
-    return out
-
-
-def compare_text(changes: Sequence[Change], threshold_pct: float) -> str:
-    """The comparison as a table, and a verdict."""
-    headers = ["target", "step", "calls/s base", "calls/s new", "change", "p99 base", "p99 new", "change", "verdict"]
-    rows = [[c.target, c.step, f"{c.base_calls_per_s:,.0f}", f"{c.new_calls_per_s:,.0f}", f"{c.calls_change:+.1f}%",
-             _ms(c.base_p99_ms), _ms(c.new_p99_ms), f"{c.p99_change:+.1f}%",
-             "REGRESSION: " + ", ".join(c.regressions) if c.regressions else "ok"] for c in changes]
-    grid = [headers, *rows]
-    widths = [max(len(r[i]) for r in grid) for i in range(len(headers))]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in grid]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    bad = sum(1 for c in changes if c.regressions)
-    lines.append("")
-    lines.append(f"{bad} regression(s) beyond {threshold_pct:g}%" if bad else f"no regression beyond {threshold_pct:g}%")
-    return "\n".join(lines)

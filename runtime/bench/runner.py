@@ -179,7 +179,8 @@ def _segment(t: _Target, shape: Shape, step_index: int, repeat: int, plan: Plan,
         if live.metrics_url is not None:
             marks[f"metrics_{key}"] = phases.scrape(live.metrics_url)
 
-    loop = Loop(t.ops, t.labels, t.weights, shape, plan.timing, t.seq, on_window, events.progress)
+    sampler = procs.TreeSampler(pid) if pid is not None else None
+    loop = Loop(t.ops, t.labels, t.weights, shape, plan.timing, t.seq, on_window, events.progress, sampler)
     conn = live.conn
     assert conn is not None
     gc.disable()  # a collection in the middle of the window would be the client's pause, not the server's
@@ -190,6 +191,8 @@ def _segment(t: _Target, shape: Shape, step_index: int, repeat: int, plan: Plan,
         live.problem = f"died: {exc}"
     finally:
         gc.enable()
+        if sampler is not None:
+            sampler.close()
     t.seq = loop.seq
     rec = loop.recorder
     s = loop.stats
@@ -259,7 +262,9 @@ def summarise(segments: list[Segment], targets: list[_Target], plan: Plan, basel
     for r in rows:
         b = base.get(r.step_index)
         if b is not None and r.target not in ceiling_names:
-            r.ratio = r.calls_per_s / b.calls_per_s if b.calls_per_s else None
+            if r.offered_per_s is None:
+                r.ratio = r.calls_per_s / b.calls_per_s if b.calls_per_s else None
+            r.p99_ratio = r.latency.p99_ms / b.latency.p99_ms if b.latency.p99_ms else None
             r.p50_ratio = r.latency.p50_ms / b.latency.p50_ms if b.latency.p50_ms else None
         top = ceilings.get((transports[r.target], r.step_index))
         if top and r.target not in ceiling_names:

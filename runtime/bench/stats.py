@@ -11,7 +11,7 @@ compared and re-plotted without losing the distribution.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from hdrh.histogram import HdrHistogram
@@ -103,7 +103,8 @@ def curve(hist: Any) -> list[tuple[float, float]]:
 
 class TimelinePoint(msgspec.Struct, array_like=True):
     """One interval of the measured window: its end (s from the window's start), ok calls and
-    errors completed in it, and the latency of the ok ones (ms)."""
+    errors completed in it, the latency of the ok ones (ms), and (targets the bench started) the
+    server tree's CPU µs per answered call in the interval and its RSS (MB) at the interval's end."""
 
     t_s: float
     ok: int
@@ -111,6 +112,15 @@ class TimelinePoint(msgspec.Struct, array_like=True):
     p50_ms: float
     p99_ms: float
     max_ms: float
+    server_cpu_us_per_call: float | None = None
+    server_rss_mb: float | None = None
+
+
+class ServerSampler(Protocol):
+    """The server's CPU seconds so far and RSS bytes now (``procs.TreeSampler``)."""
+
+    def sample(self) -> tuple[float, int] | None:
+        """(CPU s, RSS bytes) of the server's processes, or None when they are gone."""
 
 
 class OpResult(msgspec.Struct):
@@ -126,8 +136,17 @@ class Recorder:
     """Everything one segment records. The load loops call ``ok``/``failed`` per completed
     operation started inside the measured window, and ``tick`` as time passes."""
 
-    def __init__(self, labels: list[str], service: bool) -> None:
+    def __init__(self, labels: list[str], service: bool, sampler: ServerSampler | None = None) -> None:
         self.labels = labels
+        #: Read at every interval's end (a few /proc reads, ~0.1 ms per 0.25 s interval).
+        self.sampler = sampler
+        self.last_cpu_s: float | None = None
+        #: The last whole interval's histogram and error count: a final, partial interval
+        #: shorter than half an interval is folded into it (alone, its handful of stragglers
+        #: drew a vertical spike at the end of every window).
+        self.last_merged: Any = None
+        self.last_errors = 0
+        self.last_spent_us: float | None = None
         self.totals = [histogram() for _ in labels]
         #: The current interval's latencies per operation, as {µs: count}: a dict increment is
         #: ~10x cheaper than ``record_value``; the interval goes into HDR histograms at its end.
@@ -151,6 +170,9 @@ class Recorder:
         """The measured window starts now."""
         self.start_ns = now_ns
         self.next_tick_ns = now_ns + int(TIMELINE_INTERVAL_S * 1e9)
+        if self.sampler is not None:
+            first = self.sampler.sample()
+            self.last_cpu_s = first[0] if first is not None else None
 
     def ok(self, op: int, latency_ns: int, service_ns: int) -> None:
         """An operation succeeded after ``latency_ns`` (from its intended send)."""
@@ -179,9 +201,9 @@ class Recorder:
             self._close(self.next_tick_ns)
             self.next_tick_ns += int(TIMELINE_INTERVAL_S * 1e9)
         if final:
-            self._close(now_ns)
+            self._close(now_ns, final=True)
 
-    def _close(self, end_ns: int) -> None:
+    def _close(self, end_ns: int, final: bool = False) -> None:
         merged = histogram()
         for i, counts in enumerate(self.interval):
             if counts:
@@ -195,10 +217,32 @@ class Recorder:
             for us, n in self.service_counts.items():
                 self.service.record_value(us if us < HIGHEST_US else HIGHEST_US, n)
             self.service_counts = {}
-        count, p50, p99, top = quick(merged)
-        self.timeline.append(TimelinePoint(round((end_ns - self.start_ns) / 1e9, 3), count, self.interval_errors,
-                                           p50, p99, top))
+        errors = self.interval_errors
         self.interval_errors = 0
+        spent_us, rss_mb = self._sample()
+        t_s = round((end_ns - self.start_ns) / 1e9, 3)
+        if final and self.timeline and t_s - self.timeline[-1].t_s < TIMELINE_INTERVAL_S / 2:
+            self.timeline.pop()
+            if self.last_merged is not None:
+                merged.add(self.last_merged)
+            errors += self.last_errors
+            if spent_us is not None and self.last_spent_us is not None:
+                spent_us += self.last_spent_us
+        count, p50, p99, top = quick(merged)
+        answered = count + errors
+        cpu = spent_us / answered if spent_us is not None and answered else None
+        self.timeline.append(TimelinePoint(t_s, count, errors, p50, p99, top, cpu, rss_mb))
+        self.last_merged, self.last_errors, self.last_spent_us = merged, errors, spent_us
+
+    def _sample(self) -> tuple[float | None, float | None]:
+        """(server CPU µs since the last sample, RSS MB now), each None when unknown."""
+        now = self.sampler.sample() if self.sampler is not None else None
+        if now is None:
+            return None, None
+        cpu_s, rss = now
+        spent = max(0.0, cpu_s - self.last_cpu_s) * 1e6 if self.last_cpu_s is not None else None
+        self.last_cpu_s = cpu_s
+        return spent, rss / 2**20
 
     def snapshot(self) -> tuple[int, int, float, float]:
         """(ok so far, errors so far, p50 ms, p99 ms) for the live display."""

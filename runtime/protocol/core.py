@@ -15,6 +15,8 @@ How this works:
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any, Callable, assert_never
 
@@ -174,6 +176,15 @@ class _NameOnly(msgspec.Struct):
 _name_only = msgspec.json.Decoder(_NameOnly)
 
 
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def valid_traceparent(value: Any) -> bool:
+    """A W3C ``traceparent`` of the right shape (version 00's layout; all-zero ids are invalid)."""
+    return (isinstance(value, str) and len(value) == 55 and _TRACEPARENT.fullmatch(value) is not None
+            and value[3:35] != "0" * 32 and value[36:52] != "0" * 16 and not value.startswith("ff"))
+
+
 class ToolCall(msgspec.Struct, frozen=True, eq=False):
     id_bytes: bytes
     request_id: Any
@@ -192,6 +203,9 @@ class ToolCall(msgspec.Struct, frozen=True, eq=False):
     task_mode: str = ""
     task_ttl_ms: int | None = None
     task_after_ms: int = 0
+    #: W3C trace context the client put in ``params._meta`` (MCP's convention), checked for shape.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True):
@@ -551,11 +565,18 @@ class Core:
             args = {}
         elif not isinstance(args, dict):
             raise InvalidParams("Invalid params: arguments must be an object")
-        token = None
+        token = traceparent = tracestate = None
         if meta is not None:
             token = meta.get("progressToken")
             if token is not None and not rpc.valid_id(token):
                 raise InvalidParams("Invalid params: progressToken must be a string or an integer")
+            traceparent = meta.get("traceparent")
+            if traceparent is not None:
+                # A malformed one is ignored, as W3C trace context says (never an error for the call).
+                traceparent = traceparent if valid_traceparent(traceparent) else None
+                tracestate = meta.get("tracestate") if traceparent is not None else None
+                if not isinstance(tracestate, str) or len(tracestate) > 512:
+                    tracestate = None
         responses = state_text = None
         if modern:
             responses = params.inputResponses
@@ -571,7 +592,7 @@ class Core:
             task_mode, task_ttl_ms, task_after_ms = self._task_wish(entry, params, version, modern, client_caps)
         call = ToolCall(id_bytes, env.id, entry, args, version, token, log_level, modern,
                         client_caps if isinstance(client_caps, dict) else None, responses, state_text,
-                        task_mode, task_ttl_ms, task_after_ms)
+                        task_mode, task_ttl_ms, task_after_ms, traceparent, tracestate)
         try:
             problem = describe_validation_error(entry.checked.validator, args)
         except (ValueError, RecursionError):

@@ -24,33 +24,54 @@ SSE_HEADERS: Headers = [(b"content-type", SSE), (b"cache-control", b"no-cache, n
 #: The request headers the transport reads (``RequestHeaders`` keeps these, and ``Mcp-Param-*``).
 WANTED_HEADERS = frozenset({b"host", b"origin", b"authorization", b"accept", b"content-type", b"content-length",
                      b"mcp-session-id", b"mcp-protocol-version", b"mcp-method", b"mcp-name",
-                     b"access-control-request-headers", b"last-event-id"})
+                     b"access-control-request-headers", b"last-event-id", b"traceparent", b"tracestate"})
 PARAM_PREFIX = b"mcp-param-"
+#: Of those, the ones whose value is a list by definition (RFC 9110 ``#`` rules): repeated lines
+#: are one list, joined with ``,``. Every other header the transport reads (and every
+#: ``Mcp-Param-*``) carries one value that a decision reads: sent twice, the request is refused
+#: with 400 (RFC 9112 3.2 for Host), never "first wins" nor "joined" (``RequestHeaders.duplicate``).
+LIST_HEADERS = frozenset({b"accept", b"access-control-request-headers"})
 
 
 class RequestHeaders(dict[bytes, bytes]):
     """The request headers the transport looks at, by lower-case name (a dict: ``get`` is the
     dict's own); repeated ones are joined with ``,``. ``params``: the ``Mcp-Param-*`` headers by
-    suffix. ``size``: the bytes the head took, for the header cap.
+    suffix. ``size``: the bytes the head took, for the header cap. ``duplicate``: the first header
+    that must appear once and came more than once (not in ``LIST_HEADERS``), else None: the app
+    refuses such a request with 400 before reading anything else.
 
     Built in one pass over the header lines (``raw``). toolcell's HTTP/1.1 server starts one empty
     and fills it as the parser hands it each header (``h1._Connection.on_header``), then sets ``size``."""
 
-    __slots__ = ("params", "size")
+    __slots__ = ("duplicate", "params", "size")
 
     def __init__(self, raw: Sequence[tuple[bytes, bytes]] = ()) -> None:
         super().__init__()
         params: dict[bytes, bytes] = {}
         self.params = params
         self.size = 0
+        self.duplicate: bytes | None = None
         for name, value in raw:
             name = name.lower()
             self.size += len(name) + len(value) + 4
             if name in WANTED_HEADERS:
-                self[name] = self[name] + b"," + value if name in self else value
+                if name in self:
+                    self.repeated(name)
+                    self[name] = self[name] + b"," + value
+                else:
+                    self[name] = value
             elif name.startswith(PARAM_PREFIX):
                 key = name[len(PARAM_PREFIX):]
-                params[key] = params[key] + b"," + value if key in params else value
+                if key in params:
+                    self.repeated(name)
+                    params[key] = params[key] + b"," + value
+                else:
+                    params[key] = value
+
+    def repeated(self, name: bytes) -> None:
+        """``name`` (lower-case) came again: remembered unless it is a list header."""
+        if self.duplicate is None and name not in LIST_HEADERS:
+            self.duplicate = name
 
 
 class Exchange(Protocol):
@@ -71,6 +92,8 @@ class Exchange(Protocol):
     def respond_json(self, body: bytes) -> Awaitable[None]: ...
 
     def take_body(self) -> bytes | None: ...
+
+    def authenticated(self) -> None: ...
 
 
 def accepts(accept: bytes | None) -> tuple[bool, bool]:

@@ -16,6 +16,17 @@ What it enforces, from ``HttpConfig``:
   request gets the same time to finish its head (slow-loris), else 408 and close.
 * ``max_header_bytes``: request line plus headers (and at most 256 header lines), else 431.
 * ``max_connections``: connections beyond it get 503 and are closed at once.
+* The unauthenticated budget, for an app that vouches for connections (``vouches_for_connections``;
+  ``HttpApp`` does, calling the ``authenticated`` of the exchange once a request passed
+  authentication): until then a connection is *unauthenticated*. At most
+  ``unauthenticated_budget`` of them are open (``max_unauthenticated_per_address`` per client
+  address, an IPv6 /64), each gets ``head_timeout_s`` to send a whole request head, and a new
+  connection over a budget evicts the oldest unauthenticated one that has no request in the app
+  (its own address's oldest first). So however many connections a client with no token opens or
+  holds half-open, a token holder's new connection gets in, and its authenticated ones are never
+  touched: the attacker only ever competes with itself.
+* Out of file descriptors on accept (EMFILE/ENFILE): the oldest unauthenticated connection is
+  evicted to make room, else accepting backs off; logged at most once per ``_ACCEPT_LOG_S``.
 * ``write_timeout_s``: via ``TCP_USER_TIMEOUT`` set on the listening socket (inherited).
 * Body size and body time are enforced by the app, which reads the body through ``receive``.
 * Malformed requests get 400 and the connection is closed; nothing reaches the app.
@@ -26,6 +37,7 @@ What it enforces, from ``HttpConfig``:
 from __future__ import annotations
 
 import email.utils
+import errno
 import select
 import socket
 import time
@@ -60,6 +72,10 @@ MAX_PARSED = 64
 MAX_BUFFERED_BODY = 1024 * 1024
 #: With reading ahead stopped and no epoll: how often to look whether the client has gone.
 _GONE_POLL_S = 0.5
+#: Accept failures (out of descriptors, memory) are logged at most this often, with a count.
+_ACCEPT_LOG_S = 10.0
+#: accept() errors that say "no room for another connection now" (not "this listener is broken").
+_NO_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _NO_BODY_STATUS = frozenset({204, 304})
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 #: Each known status's line, made once (a response's head starts with one).
@@ -70,6 +86,7 @@ _JSON_200_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-
 _FRAMING = frozenset({b"content-length", b"connection", b"transfer-encoding"})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _DISCONNECT = {"type": "http.disconnect"}
+
 #: Method names as the app reads them (``str``), for the methods llhttp knows best.
 _METHOD_NAMES = {m.encode(): m for m in ("GET", "POST", "DELETE", "OPTIONS", "HEAD", "PUT", "PATCH")}
 #: Origin-form request targets with nothing to decode (no query, escape or fragment) and their path.
@@ -90,6 +107,22 @@ class _Date:
             cls.second = s
             cls.value = email.utils.formatdate(s, usegmt=True).encode()
         return cls.value
+
+
+def source_of(family: int, addr: Any) -> str | bytes | None:
+    """The client address a per-address cap counts by: an IPv4 address, an IPv6 /64 (one
+    subscriber's usual allocation: per address would be no cap at all), or None (a unix socket)."""
+    if family == socket.AF_INET:
+        return str(addr[0])
+    if family == socket.AF_INET6:
+        host = str(addr[0])
+        if host.startswith("::ffff:") and "." in host:
+            return host[7:]  # an IPv4 client on a dual-stack socket
+        try:
+            return socket.inet_pton(socket.AF_INET6, host.split("%", 1)[0])[:8]
+        except OSError:
+            return host
+    return None
 
 
 def _canned(status: int, message: str) -> bytes:
@@ -142,8 +175,15 @@ class _Request:
 class _Connection:
     """One client connection: parse, run the app for each request in turn, write responses."""
 
-    def __init__(self, server: H1Server, raw: socket.socket, client: Any, local: Any) -> None:
+    #: False until the app vouches for a request on it (then for good); True from the start when
+    #: the app never vouches (``H1Server.vouching``): see the module doc.
+    authenticated = True
+
+    def __init__(self, server: H1Server, raw: socket.socket, client: Any, local: Any,
+                 source: str | bytes | None = None) -> None:
         self.server = server
+        #: The client address its per-address cap counts by (``source_of``).
+        self.source = source
         #: The stdlib socket, non-blocking; trio's ``wait_readable``/``wait_writable`` do the waiting.
         self.raw = raw
         self.client = client
@@ -204,11 +244,20 @@ class _Connection:
         # ``RequestHeaders``' one pass, done here as each header arrives (not in a second loop).
         if name in WANTED_HEADERS:
             wanted = req.wanted
-            wanted[name] = wanted[name] + b"," + value if name in wanted else value
+            if name in wanted:
+                wanted.repeated(name)
+                wanted[name] = wanted[name] + b"," + value
+            else:
+                wanted[name] = value
         elif name.startswith(PARAM_PREFIX):
-            params = req.wanted.params
+            wanted = req.wanted
+            params = wanted.params
             key = name[len(PARAM_PREFIX):]
-            params[key] = params[key] + b"," + value if key in params else value
+            if key in params:
+                wanted.repeated(name)
+                params[key] = params[key] + b"," + value
+            else:
+                params[key] = value
         elif name == b"expect" and value.strip().lower() == b"100-continue":
             req.expect_continue = True
 
@@ -341,7 +390,18 @@ class _Connection:
         self.eof = True
 
     async def next_request(self) -> _Request | None:
-        """The next request whose head is complete, or None when the connection is done."""
+        """The next request whose head is complete, or None when the connection is done. An
+        unauthenticated connection gets ``head_timeout_s`` for it, idle time included."""
+        if self.authenticated or self.ready:
+            return await self._next_request()
+        with trio.move_on_after(self.server.cfg.head_timeout_s) as waited:
+            return await self._next_request()
+        if waited.cancelled_caught:
+            self.error = BadRequest(408, "Request Timeout: no whole request head within head_timeout_s "
+                                         "(the limit before authentication)")
+        return None
+
+    async def _next_request(self) -> _Request | None:
         cfg = self.server.cfg
         deadline: float | None = None
         idle_started = False
@@ -477,6 +537,13 @@ class _Exchange:
         self.keep_alive = req.keep_alive and not req.upgrade
         self.headers = req.wanted
 
+    def authenticated(self) -> None:
+        """The app's word that this request passed authentication: its connection leaves the
+        unauthenticated budget for good (see the module doc)."""
+        conn = self.conn
+        if not conn.authenticated:
+            conn.server.vouched(conn)
+
     def target(self) -> tuple[bytes, bytes]:
         """Read the request target: sets ``method`` and ``path``; returns the raw path and the query.
         Raises ``BadRequest`` for a target that is not one."""
@@ -515,7 +582,7 @@ class _Exchange:
         # toolcell's own extensions (an ASGI app that does not know them ignores them): the headers
         # it reads, already gathered; the whole body if it has arrived; a response in one call.
         extensions = {"toolcell.headers": req.wanted, "toolcell.respond": self.respond,
-                      "toolcell.take_body": self.take_body}
+                      "toolcell.take_body": self.take_body, "toolcell.authenticated": self.authenticated}
         return {"type": "http", "asgi": _ASGI, "http_version": "1.1", "method": self.method,
                 "scheme": "http", "path": self.path, "raw_path": raw_path, "query_string": query, "root_path": "",
                 "headers": req.headers or [], "client": conn.client, "server": conn.local, "extensions": extensions}
@@ -730,6 +797,16 @@ class H1Server:
         self.direct: Callable[[_Exchange], Awaitable[None]] | None = getattr(app, "serve_exchange", None)
         self.cfg = cfg
         self.connections: set[_Connection] = set()
+        #: The app calls the exchange's ``authenticated`` for requests that pass authentication: only
+        #: then is there an unauthenticated budget to keep (an app that never vouches trusts all).
+        self.vouching = bool(getattr(app, "vouches_for_connections", False))
+        #: Unauthenticated connections, oldest first (a dict keeps insertion order), and the same
+        #: by client address (``source_of``; unix-socket clients are not counted by address).
+        self.unauthenticated: dict[_Connection, None] = {}
+        self.unauthenticated_by_source: dict[str | bytes, dict[_Connection, None]] = {}
+        self.evicted = 0
+        self._accept_failures = 0
+        self._accept_logged_at = -_ACCEPT_LOG_S
         #: Set when the last connection closes (shutdown waits on it, within its grace).
         self._all_closed = trio.Event()
         self.stopping = False
@@ -746,8 +823,12 @@ class H1Server:
                 await trio.lowlevel.wait_readable(listener)
                 continue
             except OSError as exc:
-                # EMFILE and friends: back off instead of spinning, keep serving the others.
-                log("http_accept_failed", level="warning", error=str(exc))
+                # EMFILE and friends: make room by evicting the oldest unauthenticated connection
+                # (its descriptor is free at once), else back off instead of spinning; the listener
+                # keeps its queue meanwhile, and the log says so once in a while, not per attempt.
+                self._accept_failed(exc)
+                if exc.errno in _NO_ROOM and self.evict_oldest(self.unauthenticated):
+                    continue
                 await trio.sleep(0.1)
                 continue
             sock.setblocking(False)
@@ -756,12 +837,70 @@ class H1Server:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 except OSError:
                     pass
-            if len(self.connections) >= self.cfg.max_connections:
+            conn = _Connection(self, sock, addr if tcp else None, local,
+                               source_of(listener.family, addr) if tcp else None)
+            if not self._admit(conn):
                 nursery.start_soon(self._refuse, sock)
                 continue
-            conn = _Connection(self, sock, addr if tcp else None, local)
             self.connections.add(conn)
             nursery.start_soon(self._serve_connection, conn)
+
+    def _admit(self, conn: _Connection) -> bool:
+        """Make room for ``conn`` (evicting unauthenticated connections, oldest first, as the
+        budgets say) and count it in; False: there is no room (it is refused with 503)."""
+        cfg = self.cfg
+        if self.vouching:
+            source = conn.source
+            mine = self.unauthenticated_by_source.get(source) if source is not None else None
+            if mine is not None and len(mine) >= cfg.max_unauthenticated_per_address and not self.evict_oldest(mine):
+                return False
+            if len(self.unauthenticated) >= cfg.unauthenticated_budget and not self.evict_oldest(self.unauthenticated):
+                return False
+        if len(self.connections) >= cfg.max_connections and not self.evict_oldest(self.unauthenticated):
+            return False
+        if self.vouching:
+            conn.authenticated = False
+            self.unauthenticated[conn] = None
+            if conn.source is not None:
+                self.unauthenticated_by_source.setdefault(conn.source, {})[conn] = None
+        return True
+
+    def evict_oldest(self, among: dict[_Connection, None]) -> bool:
+        """Close the oldest of ``among`` (unauthenticated connections) that has no request in the
+        app; False if every one has."""
+        victim = next((c for c in among if not c.ready), None)
+        if victim is None:
+            return False
+        self._forget_unauthenticated(victim)
+        self.connections.discard(victim)
+        self.evicted += 1
+        try:  # a word for a client that was only slow, if its socket takes it now; no waiting
+            victim.raw.send(_canned(503, "Service Unavailable: too many unauthenticated connections; "
+                                         "authenticate sooner or retry"))
+        except OSError:
+            pass
+        victim.close()
+        victim.scope.cancel()
+        return True
+
+    def vouched(self, conn: _Connection) -> None:
+        conn.authenticated = True
+        self._forget_unauthenticated(conn)
+
+    def _forget_unauthenticated(self, conn: _Connection) -> None:
+        if self.unauthenticated.pop(conn, 0) is None and conn.source is not None:
+            mine = self.unauthenticated_by_source[conn.source]
+            del mine[conn]
+            if not mine:
+                del self.unauthenticated_by_source[conn.source]
+
+    def _accept_failed(self, exc: OSError) -> None:
+        self._accept_failures += 1
+        now = self.now()
+        if now - self._accept_logged_at >= _ACCEPT_LOG_S:
+            log("http_accept_failed", level="warning", error=str(exc), failures=self._accept_failures)
+            self._accept_logged_at = now
+            self._accept_failures = 0
 
     async def _sweep_idle(self) -> None:
         """Close connections idle for ``idle_timeout_s`` (checked a few times per timeout)."""
@@ -787,6 +926,8 @@ class H1Server:
         return conn._serve(self.app)
 
     def _left(self, conn: _Connection) -> None:
+        if not conn.authenticated:
+            self._forget_unauthenticated(conn)
         self.connections.discard(conn)
         if not self.connections:
             self._all_closed.set()

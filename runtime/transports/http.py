@@ -31,6 +31,8 @@ import msgspec
 import trio
 
 from runtime.auth import Authenticator, Principal
+from runtime.oauth import AuthUnavailable, OAuthVerifier, TokenRefused, client_secret, metadata_paths
+from runtime.calls import TraceOrigin
 from runtime.clock import clock_reader
 from runtime.daemon import Daemon
 from runtime.http_config import HttpConfig
@@ -39,7 +41,17 @@ from runtime.protocol import eras
 from runtime.protocol import jsonrpc as rpc
 from runtime.connection import Answered, Connection, Deferred, Dispatched
 from runtime.running import NOWHERE
-from runtime.protocol.core import Batch, ConnState, Listen, Reply, Request, TaskRequest, ToolCall, requested_tool
+from runtime.protocol.core import (
+    Batch,
+    ConnState,
+    Listen,
+    Reply,
+    Request,
+    TaskRequest,
+    ToolCall,
+    requested_tool,
+    valid_traceparent,
+)
 from runtime.protocol.errors import (
     HeaderMismatch,
     HttpRefusal,
@@ -81,6 +93,7 @@ _MODERN_HEADER_VALUES = frozenset(v.encode() for v in eras.MODERN_VERSIONS)
 _LEGACY_HEADER_VALUES = frozenset(v.encode() for v in eras.LEGACY_VERSIONS)
 _EXPOSE = b"mcp-session-id, mcp-protocol-version, retry-after, www-authenticate"
 _ALLOW = b"GET, POST, DELETE, OPTIONS"
+_RETRY_SOON: Headers = [(b"retry-after", b"1")]
 
 
 def _host_name(value: str) -> str:
@@ -89,6 +102,25 @@ def _host_name(value: str) -> str:
         end = value.find("]")
         return value[: end + 1] if end > 0 else value
     return value.rsplit(":", 1)[0] if ":" in value else value
+
+
+def _trace_origin(headers: RequestHeaders, session_id: str | None) -> TraceOrigin:
+    """A request's W3C trace context headers (a malformed ``traceparent`` is ignored, as W3C says)."""
+    parent = headers.get(b"traceparent")
+    text = parent.decode("latin-1").strip() if parent is not None else None
+    if text is not None and not valid_traceparent(text):
+        text = None
+    state = headers.get(b"tracestate") if text is not None else None
+    return TraceOrigin(text, state.decode("latin-1")[:512] if state is not None else None, session_id, "tcp")
+
+
+def _header_title(name: bytes) -> str:
+    """A lower-case header name as its specification writes it (``mcp-session-id`` -> ``Mcp-Session-Id``)."""
+    text = name.decode("latin-1")
+    return _HEADER_TITLES.get(text) or "-".join(part.capitalize() for part in text.split("-"))
+
+
+_HEADER_TITLES = {"mcp-protocol-version": "MCP-Protocol-Version", "last-event-id": "Last-Event-ID"}
 
 
 def _count_off(counts: dict[str, int], name: str) -> None:
@@ -103,12 +135,20 @@ def _count_off(counts: dict[str, int], name: str) -> None:
 class HttpApp:
     """The ASGI application. One per daemon; it may be served on several listeners."""
 
+    #: It tells the server which connections passed authentication (the exchange's
+    #: ``authenticated``), so that the server can keep unauthenticated ones to their own budget.
+    vouches_for_connections = True
+
     def __init__(self, daemon: Daemon, cfg: HttpConfig, bound_hosts: Iterable[str] = ()) -> None:
         self.daemon = daemon
         self.core = daemon.core
         self.cfg = cfg
         self.path = cfg.path
-        self.auth = Authenticator(cfg)
+        oauth = OAuthVerifier(cfg.oauth, secret=client_secret(cfg.oauth)) if cfg.oauth is not None else None
+        self.auth = Authenticator(cfg, oauth)
+        self.oauth = oauth
+        #: Where the RFC 9728 resource metadata is served (with OAuth on).
+        self._metadata_paths = frozenset(metadata_paths(cfg.oauth.resource)) if cfg.oauth is not None else frozenset()
         #: trio's clock, read in one call (``runtime.clock``).
         self._clock = clock_reader()
         self.hosts = set(_LOOPBACK_NAMES) | {_host_name(h) for h in cfg.allowed_hosts}
@@ -151,7 +191,7 @@ class HttpApp:
             if headers is None:
                 headers = RequestHeaders(scope["headers"])
             await self._serve(scope["method"], scope["path"], headers, receive, Responder(send, [], ext.get("toolcell.respond")),
-                              ext.get("toolcell.take_body"))
+                              ext.get("toolcell.take_body"), ext.get("toolcell.authenticated"))
         elif kind == "lifespan":
             await lifespan(receive, send)
 
@@ -160,12 +200,12 @@ class HttpApp:
         read back): the same request as ``__call__`` sees, from the exchange's own fields. (Not a
         coroutine itself: what it returns is awaited by the server, one frame fewer per wake.)"""
         return self._serve(x.method, x.path, x.headers, x.receive, Responder(x.send, [], x.respond, x.respond_json),
-                           x.take_body)
+                           x.take_body, x.authenticated)
 
     async def _serve(self, method: str, path: str, headers: RequestHeaders, receive: Receive, r: Responder,
-                     take_body: Callable[[], bytes | None] | None) -> None:
+                     take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None) -> None:
         try:
-            await self._http(method, path, headers, receive, r, take_body)
+            await self._http(method, path, headers, receive, r, take_body, vouch)
         except Exception as exc:  # noqa: BLE001 - our bug: answer 500 if we still can, never kill the server
             log("http_internal_error", level="error", error=f"{type(exc).__name__}: {exc}")
             if not r.started:
@@ -174,13 +214,26 @@ class HttpApp:
         self.status_counts[status] = self.status_counts.get(status, 0) + 1
 
     def _http(self, method: str, path: str, headers: RequestHeaders, receive: Receive, r: Responder,
-              take_body: Callable[[], bytes | None] | None) -> Awaitable[None]:
+              take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None) -> Awaitable[None]:
         """What to await to answer this request: the checks every request passes are plain calls, so
         a call's coroutine is awaited by ``_serve`` directly, not through one frame per check.
-        ``take_body``: the whole body if the server already has it (else None: read ``receive``)."""
+        ``take_body``: the whole body if the server already has it (else None: read ``receive``).
+        ``vouch``: the server's word for "this connection passed authentication" (h1's budget)."""
+        if headers.duplicate is not None:
+            # RFC 9112 3.2 (Host), and the same for every header a decision here reads: which of two
+            # values would count is exactly what an attacker would like to choose.
+            return self._plain_error(r, 400, f"Bad Request: the {_header_title(headers.duplicate)} header "
+                                     "appears more than once; send it once", [(b"connection", b"close")])
         if path != self.path:
-            if path == "/healthz" and method in ("GET", "HEAD"):
-                return self._healthz(r)
+            if method in ("GET", "HEAD"):
+                if path == "/healthz":
+                    return self._healthz(r)
+                if path == "/readyz":
+                    return self._readyz(r)
+                if path == "/livez":
+                    return r.body(200, b'{"status":"alive"}', headers=[(b"cache-control", b"no-store")])
+            if path in self._metadata_paths and method in ("GET", "HEAD", "OPTIONS"):
+                return self._resource_metadata(r, method)
             return r.body(404, b"Not Found\n", b"text/plain")
         if headers.size > self.cfg.max_header_bytes:
             # hypercorn caps only heads that arrive in pieces; this catches one that came whole.
@@ -202,10 +255,18 @@ class HttpApp:
             return r.body(204, b"", None, [(b"access-control-allow-methods", _ALLOW),
                                                  (b"access-control-allow-headers", requested),
                                                  (b"access-control-max-age", b"600")])
-        principal = self.auth.authenticate(headers.get(b"authorization"))
+        authorization = headers.get(b"authorization")
+        principal = self.auth.authenticate(authorization)
         if principal is None:
-            return self._plain_error(r, 401, "Unauthorized: a valid bearer token is required",
-                                           [(b"www-authenticate", b'Bearer realm="toolcell"')])
+            if authorization and self.oauth is not None:
+                return self._oauth_then(method, headers, receive, r, take_body, authorization, self.oauth, vouch)
+            return self._unauthorized(r)
+        return self._route(method, headers, principal, receive, r, take_body, vouch)
+
+    def _route(self, method: str, headers: RequestHeaders, principal: Principal, receive: Receive, r: Responder,
+               take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None) -> Awaitable[None]:
+        if vouch is not None:
+            vouch()  # authenticated: the connection leaves the server's unauthenticated budget
         if method == "POST":
             return self._post(r, headers, principal, receive, take_body() if take_body is not None else None)
         if method == "GET":
@@ -213,6 +274,56 @@ class HttpApp:
         if method == "DELETE":
             return self._delete(r, headers, principal)
         return self._plain_error(r, 405, f"Method Not Allowed: {method}", [(b"allow", _ALLOW)])
+
+    def _unauthorized(self, r: Responder, refused: TokenRefused | None = None) -> Awaitable[None]:
+        oauth = self.oauth
+        if oauth is None:
+            return self._plain_error(r, 401, "Unauthorized: a valid bearer token is required",
+                                     [(b"www-authenticate", b'Bearer realm="toolcell"')])
+        status = refused.status if refused is not None else 401
+        why = f": {refused.description}" if refused is not None else ": a bearer token is required"
+        return self._plain_error(r, status, ("Forbidden" if status == 403 else "Unauthorized") + why,
+                                 [(b"www-authenticate", oauth.challenge(refused))])
+
+    async def _oauth_then(self, method: str, headers: RequestHeaders, receive: Receive, r: Responder,
+                          take_body: Callable[[], bytes | None] | None, authorization: bytes,
+                          oauth: OAuthVerifier, vouch: Callable[[], None] | None = None) -> None:
+        """A token not seen before: check it with the issuer's keys (or introspection), then go on."""
+        try:
+            principal = await oauth.verify(authorization)
+        except TokenRefused as refused:
+            return await self._unauthorized(r, refused)
+        except AuthUnavailable as exc:
+            log("oauth_unavailable", level="warning", error=str(exc))
+            return await self._plain_error(r, 503, "Service Unavailable: access tokens cannot be checked now "
+                                           f"({exc}); retry later", [(b"retry-after", b"5")])
+        await self._route(method, headers, principal, receive, r, take_body, vouch)
+
+    async def _resource_metadata(self, r: Responder, method: str) -> None:
+        """RFC 9728 protected resource metadata (public: clients read it before they have a token)."""
+        oauth = self.oauth
+        assert oauth is not None
+        cors = [(b"access-control-allow-origin", b"*"), (b"cache-control", b"max-age=300")]
+        if method == "OPTIONS":
+            return await r.body(204, b"", None, [*cors, (b"access-control-allow-methods", b"GET, HEAD, OPTIONS"),
+                                                 (b"access-control-allow-headers", b"mcp-protocol-version")])
+        await r.body(200, oauth.metadata, headers=cors)
+
+    def _scope_refusal(self, r: Responder, principal: Principal, env: rpc.Envelope) -> Awaitable[None] | None:
+        """An OAuth principal calling a tool outside its scopes is told which scope to ask for (403
+        ``insufficient_scope``, RFC 6750), so that its client can step up; None when the tool is in
+        scope or does not exist (then it is answered like any unknown tool)."""
+        oauth = self.oauth
+        if oauth is None:
+            return None
+        name = requested_tool(env.params)
+        entry = self.daemon.catalog.get(name) if name else None
+        if entry is None or principal.allows(entry):
+            return None
+        refused = TokenRefused(403, "insufficient_scope", f"calling {name} needs scope plugin:{entry.plugin}",
+                               oauth.scope_for_plugin(entry.plugin))
+        self._audit_refused(env, principal, "insufficient_scope")
+        return self._unauthorized(r, refused)
 
     def _origin_ok(self, origin: str) -> bool:
         o = origin.strip().lower().rstrip("/")
@@ -223,12 +334,34 @@ class HttpApp:
             return False
         return self.any_host or _host_name(rest) in self.hosts
 
+    @property
+    def ready(self) -> bool:
+        """Whether a balancer should send this daemon requests: its catalog is loaded and it is not
+        draining (SIGTERM with ``http.drain_s``: still serving) or shutting down. The one flag
+        ``/readyz`` and ``/healthz`` report."""
+        return self.daemon.ready and not self.daemon.draining and not self.shutting_down
+
+    async def _readyz(self, r: Responder) -> None:
+        """Readiness (Kubernetes' readinessProbe, a balancer's check): 200 while ``ready``, else 503.
+        Liveness is ``/livez``: 200 whenever the server answers, starting and draining included."""
+        ready = self.ready
+        await r.body(200 if ready else 503, b'{"ready":true}' if ready else b'{"ready":false}',
+                     headers=[(b"cache-control", b"no-store")])
+
     async def _healthz(self, r: Responder) -> None:
+        """Readiness: 200 only while this daemon wants requests. On SIGTERM it says "draining" (503)
+        for ``http.drain_s`` while it still serves, so a balancer stops sending before the listener
+        closes; then "stopping". ``catalog`` is the fingerprint of the tools it serves and
+        ``catalog_differs`` the daemons sharing its task store that serve another catalog."""
         daemon = self.daemon
-        ready = daemon.ready and not self.shutting_down
-        status = "ready" if ready else ("stopping" if self.shutting_down else "starting")
+        ready = self.ready
+        status = "ready" if ready else ("stopping" if self.shutting_down else
+                                        "draining" if daemon.draining else "starting")
+        tasks = daemon.tasks
         body = rpc.encode({"status": status, "tools": len(daemon.catalog), "plugins": len(daemon.plugins),
-                           "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight})
+                           "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight,
+                           "catalog": daemon.catalog.fingerprint,
+                           "catalog_differs": tasks.catalogs_differing() if tasks is not None else []})
         await r.body(200 if ready else 503, body, headers=[(b"cache-control", b"no-store")])
 
     async def _plain_error(self, r: Responder, status: int, message: str, headers: Headers | None = None,
@@ -338,6 +471,10 @@ class HttpApp:
                 return self._refuse(r, RateLimited(f"principal {principal.name}", wait), id_bytes)
         if isinstance(env, list):
             return self._legacy_batch(r, headers, principal, env)
+        if principal.oauth and not principal.all_tools and env.method == "tools/call":
+            refusal = self._scope_refusal(r, principal, env)
+            if refusal is not None:
+                return refusal
         req = self.core.parse(ConnState(), env)
         version = headers.get(b"mcp-protocol-version")
         if req.modern or (version is not None and version.strip() in _MODERN_HEADER_VALUES):
@@ -359,7 +496,9 @@ class HttpApp:
             data, code = await done.work()
             if data is None:
                 return await r.body(202, b"", None)
-            return await r.body(status_of_code(code, modern) if code is not None else 200, data)
+            status = status_of_code(code, modern) if code is not None else 200
+            # 503 here is the task store being unavailable (a Redis restart): retryable, and said so.
+            return await r.body(status, data, headers=_RETRY_SOON if status == 503 else None)
         if type(done) is not Answered or done.data is None:
             return await r.body(202, b"", None)  # a notification, or a cancel (on HTTP, closing the stream cancels)
         status = status_of_code(done.error_code, modern) if done.error_code is not None else 200
@@ -406,6 +545,8 @@ class HttpApp:
     async def _modern(self, r: Responder, headers: RequestHeaders, principal: Principal, req: Request,
                       id_bytes: bytes | None, can_sse: bool, receive: Receive) -> None:
         conn = self._connection(principal)
+        if self.daemon.calls.tracer is not None:
+            conn.origin = _trace_origin(headers, None)
         if req.method:
             if req.is_request and not req.modern:
                 return await self._refuse(r, InvalidParams(
@@ -493,6 +634,8 @@ class HttpApp:
         if isinstance(session, McpError):
             return self._refuse(r, session, id_bytes, modern=False)
         conn = session.conn
+        if self.daemon.calls.tracer is not None:  # this request's trace context (read when a call starts, now)
+            conn.origin = _trace_origin(headers, session.id)
         # Read once: the era choice already parsed it; only an early answer (an error, whose id
         # rule depends on the session's revision) is worded again for this session.
         if req is None or req.early is not None:

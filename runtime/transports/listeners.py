@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+from collections.abc import Sequence
 from typing import Any, cast
 
 import trio
@@ -97,19 +98,31 @@ def is_loopback(host: str) -> bool:
 
 def check_exposure(cfg: HttpConfig, listen: tuple[str, int] | None) -> None:
     """Refuse (ValueError) to serve a non-loopback address without authentication, unless told to."""
-    if listen is not None and not is_loopback(listen[0]) and not cfg.tokens and not cfg.allow_unauthenticated:
+    if listen is not None and not is_loopback(listen[0]) and not cfg.tokens and cfg.oauth is None and not cfg.allow_unauthenticated:
         raise ValueError(f"refusing to serve {listen[0]} without authentication: add [[http.tokens]] to the config, "
                          "or set http.allow_unauthenticated = true")
 
 
+def passed_address(sock: socket.socket) -> tuple[str, int] | None:
+    """The (host, port) a passed (socket-activated) TCP socket is bound to; None for a unix socket."""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    host, port = sock.getsockname()[:2]
+    return str(host), int(port)
+
+
 async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int] | None = None,
-                     unix: str | None = None, shutdown: trio.Event | None = None, audit: Any = None,
-                     on_app: Any = None, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``cfg.path`` on ``listen`` (TCP) and/or ``unix`` until ``shutdown`` is set, then stop
-    gracefully: no new connections, long-lived streams ended, in-flight requests given
-    ``shutdown_grace_s`` to finish. ``task_status.started`` gets the endpoint URLs."""
+                     unix: str | None = None, passed: Sequence[socket.socket] = (), shutdown: trio.Event | None = None,
+                     audit: Any = None, on_app: Any = None,
+                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``cfg.path`` on ``listen`` (TCP), ``unix`` and the already listening ``passed`` sockets
+    (systemd socket activation) until ``shutdown`` is set, then stop gracefully: no new connections,
+    long-lived streams ended, in-flight requests given ``shutdown_grace_s`` to finish.
+    ``task_status.started`` gets the endpoint URLs."""
     check_exposure(cfg, listen)
-    sockets: list[socket.socket] = []
+    for sock in passed:
+        check_exposure(cfg, passed_address(sock))
+    sockets: list[socket.socket] = list(passed)
     try:
         if listen is not None:
             sockets.append(tcp_socket(listen[0], listen[1], cfg.write_timeout_s))
@@ -120,7 +133,8 @@ async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int]
             s.close()
         raise
     urls = [endpoint_url(s, cfg.path) for s in sockets]
-    bound = [listen[0]] if listen is not None and listen[0] not in ("0.0.0.0", "::", "") else []
+    addresses = [listen] + [passed_address(s) for s in passed]
+    bound = [a[0] for a in addresses if a is not None and a[0] not in ("0.0.0.0", "::", "")]
     app = HttpApp(daemon, cfg, bound_hosts=[f"[{h}]" if ":" in h else h for h in bound])
     app.audit = audit
     if on_app is not None:

@@ -6,6 +6,12 @@ as the daemon sees it (``Popen.pid``):
 
 * cgroup v2, where the daemon's own cgroup is delegated with ``memory`` and ``pids`` available:
   ``<cgroup2>/<daemon cgroup>/toolcell/<pid>`` with ``memory.max``, ``memory.swap.max``, ``pids.max``.
+  The kernel lets a cgroup enable controllers for its children only while no process is in it
+  ("no internal processes"), so a daemon that sits in its delegated cgroup itself cannot; a daemon
+  in a leaf named ``daemon`` counts its parent, the delegated cgroup, as its own:
+  ``<delegated>/daemon`` and ``<delegated>/toolcell/<pid>``. ``enter_daemon_leaf`` moves a daemon
+  that is alone in a delegated cgroup (a systemd service with ``Delegate=yes``, a container's
+  entrypoint) into that leaf at start; systemd's ``DelegateSubgroup=daemon`` does the same.
 * cgroup v1 otherwise (this machine): ``<controller mount>/<daemon cgroup>/toolcell/<pid>`` for the
   ``memory``, ``pids`` and (when mounted) ``freezer`` hierarchies.
 
@@ -25,6 +31,8 @@ import time
 from dataclasses import dataclass
 
 SUBDIR = "toolcell"
+#: The leaf a daemon runs in so that its delegated cgroup (the leaf's parent) can hold the workers'.
+DAEMON_LEAF = "daemon"
 V1_CONTROLLERS = ("memory", "pids", "freezer")
 
 
@@ -60,6 +68,8 @@ def _own_paths(pid: int | str = "self") -> dict[str, str]:
 
 def _v2_base() -> str | None:
     own = _own_paths().get("")
+    if own is not None and os.path.basename(own.rstrip("/")) == DAEMON_LEAF:
+        own = os.path.dirname(own.rstrip("/"))
     for mnt, fstype, _ in _mounts():
         if fstype == "cgroup2" and own is not None:
             base = os.path.join(mnt, own.lstrip("/"))
@@ -94,6 +104,33 @@ def layout(worker_id: int | str) -> Layout | None:
     v1 = _v1_bases()
     if "memory" in v1 and "pids" in v1:
         return Layout(1, tuple(os.path.join(b, SUBDIR, name) for b in v1.values()))
+    return None
+
+
+def enter_daemon_leaf() -> str | None:
+    """Move this process into ``<own cgroup>/daemon`` when that cgroup is v2, offers memory and pids,
+    holds no other process and is writable (delegated): then its workers' cgroups can go beside it.
+    Returns the leaf entered, or None when there is nothing to do (or it cannot be done)."""
+    own = _own_paths().get("")
+    if own is None or os.path.basename(own.rstrip("/")) == DAEMON_LEAF:
+        return None
+    for mnt, fstype, _ in _mounts():
+        if fstype != "cgroup2":
+            continue
+        base = os.path.join(mnt, own.lstrip("/"))
+        try:
+            with open(os.path.join(base, "cgroup.controllers")) as f:
+                if not {"memory", "pids"} <= set(f.read().split()):
+                    return None
+            with open(os.path.join(base, "cgroup.procs")) as f:
+                if [int(x) for x in f.read().split()] != [os.getpid()]:
+                    return None  # not alone (a login session, a shell beside us): not ours to rearrange
+            leaf = os.path.join(base, DAEMON_LEAF)
+            os.makedirs(leaf, mode=0o755, exist_ok=True)
+            _write(os.path.join(leaf, "cgroup.procs"), "0")
+        except (OSError, ValueError):
+            return None
+        return leaf
     return None
 
 

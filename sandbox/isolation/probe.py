@@ -100,8 +100,27 @@ def _read(path: str) -> str:
         return ""
 
 
+def proc_overmounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Mounts over parts of /proc (a container runtime's masked and read-only paths, systemd's
+    ProtectKernelTunables=): while any exists the kernel refuses a fresh /proc in a new user
+    namespace, so a worker cannot have its own."""
+    try:
+        with open(mountinfo) as f:
+            points = [line.split()[4] for line in f if len(line.split()) > 4]
+    except OSError:
+        return []
+    return sorted({p for p in points if p.startswith("/proc/")})
+
+
 def _namespaces_fix(err: str) -> tuple[str, str]:
     container = _in_container()
+    masked = proc_overmounts()
+    if "mount(/proc)" in err and masked:
+        return (f"/proc is partly masked ({', '.join(masked[:4])}{', …' if len(masked) > 4 else ''} mounted over), "
+                "so the kernel refuses the fresh /proc of a worker's pid namespace",
+                ("docker/podman: --security-opt systempaths=unconfined (podman: unmask=ALL); Kubernetes: "
+                 "securityContext.procMount: Unmasked with hostUsers: false; systemd: drop ProtectKernelTunables=, "
+                 "ProtectKernelLogs=, ProcSubset= and ProtectProc="))
     if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
         return ("Ubuntu's AppArmor restricts unprivileged user namespaces",
                 ("sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for the "

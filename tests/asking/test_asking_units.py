@@ -4,11 +4,13 @@ trio's virtual clock (a fake worker on a socketpair)."""
 
 from __future__ import annotations
 
-import os
-
-
 import base64
+import os
+import shutil
 import stat
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,6 @@ import trio
 import trio.testing
 
 from fake_workers import fake_worker
-
 from runtime.mrtr import load_state_key
 from runtime.protocol import eras
 from runtime.protocol.request_state import (
@@ -33,6 +34,8 @@ from sandbox.errors import ToolError
 
 KEY = bytes(range(32))
 NOW = 1_800_000_000_000
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def state(**changes: Any) -> RequestState:
@@ -162,11 +165,41 @@ def test_the_state_key_file_is_created_0600_reused_and_refused_when_readable_by_
     path.chmod(0o644)
     with pytest.raises(ValueError, match="chmod 600"):
         load_state_key(str(path))
+    path.chmod(0o640)  # group-readable: refused for a key of our own
+    with pytest.raises(ValueError, match="chmod 600"):
+        load_state_key(str(path))
     short = tmp_path / "short.key"
     short.write_bytes(b"tiny")
     short.chmod(0o600)
     with pytest.raises(ValueError, match="16 bytes"):
         load_state_key(str(short))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root (to give the key to root) and setpriv (to read it as another user)")
+def test_a_key_root_provides_may_be_read_by_its_group_but_by_nobody_else() -> None:
+    # A Kubernetes Secret mounted with fsGroup: root's file, 0440, in the pod's group; PostgreSQL's
+    # rule for key files. Checked from an unprivileged child, the way a non-root daemon reads it.
+    folder = Path(tempfile.mkdtemp(prefix="toolcell-key-", dir="/tmp"))
+    folder.chmod(0o755)
+    key = folder / "state.key"
+    key.write_bytes(b"k" * 32)
+    results = {}
+    try:
+        modes = (0o440, 0o640, 0o444, 0o460)
+        for mode in modes:
+            key.chmod(mode)
+            os.chown(key, 0, 65534)
+            probe = subprocess.run(
+                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                 f"from runtime.mrtr import load_state_key; print(len(load_state_key({str(key)!r})))"],
+                capture_output=True, text=True, cwd=str(REPO), env={"PYTHONPATH": str(REPO)}, timeout=60, check=False)
+            results[oct(mode)] = probe.stdout.strip() or probe.stderr.strip().splitlines()[-1]
+    finally:
+        shutil.rmtree(folder)
+    assert results["0o440"] == results["0o640"] == "32"
+    assert "must not be readable by others" in results["0o444"]
+    assert "must not be readable by others" in results["0o460"]
 
 
 # -- runtime.protocol.eras: what may be asked, what an answer must be ------------------------------

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hostile_files import SECRET, build
 
 REPO = Path(__file__).resolve().parents[2]
 CONFORMANCE = REPO / "plugins" / "conformance"
@@ -111,6 +112,26 @@ def test_list_json_includes_refused_plugins_with_their_problems(make_plugin: Cal
     by_name = {p["name"]: p for p in json.loads(out.stdout)["plugins"]}
     assert by_name["greeter"]["status"] == "ok"
     assert by_name["badtools"]["status"] == "refused" and by_name["badtools"]["problems"]
+
+
+def test_list_and_check_of_hostile_plugin_files_answer_with_every_refusal_and_quote_nothing_foreign(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    """A FIFO named plugin.toml or requirements.lock used to hang ``toolcell list`` and ``check``; a
+    lock linked to a secret was read and its first line printed. Every kind of hostile file of
+    ``tests/hostile_files.py``: each plugin refused with its reason, nothing of the secret shown."""
+    plugins = make_plugin("greeter", GOOD)
+    expected = build(plugins, tmp_path / "secret.txt")
+    out = toolcell("list", "--json", "--plugins", str(plugins), "--policy", "none", timeout=120)
+    assert SECRET not in out.stdout + out.stderr
+    by_name = {p["name"]: p for p in json.loads(out.stdout)["plugins"]}
+    assert by_name["greeter"]["status"] == "ok"
+    for name, says in expected.items():
+        assert by_name[name]["status"] == "refused"
+        assert says is None or says in " ".join(by_name[name]["problems"]), by_name[name]
+    for name in ("manifest-fifo", "pylock-fifo", "pylock-link-out"):
+        checked = toolcell("check", str(plugins / name), "--policy", "none", timeout=60)
+        assert checked.returncode != 0 and SECRET not in checked.stdout + checked.stderr
+        assert expected[name] in checked.stdout + checked.stderr
 
 
 @pytest.mark.parametrize("command", [["list"], ["call", "echo"], ["serve", "--stdio", "--no-watch"]])

@@ -3,17 +3,24 @@ approvals hold a plugin that asks for more until a person approves it."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import pty
+import shutil
+import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
-from conftest import TIME_PACKAGE, connect, public, text, write_config
+from mcp.shared.exceptions import MCPError
+from conftest import HOSTILE, PYTHON, TIME_PACKAGE, connect, public, text, write_config
 
 from runtime import approvals
+from runtime.plugins import discover
 
 pytestmark = pytest.mark.filterwarnings("ignore:The logging capability is deprecated")
 REPO = Path(__file__).resolve().parents[2]
@@ -143,3 +150,162 @@ async def test_add_of_a_plugin_folder_copies_it_in_and_records_its_approval(
     assert code == 0, out + err
     assert (into / "notes" / "notes.py").is_file()
     assert approvals.load(str(own_state))[os.path.realpath(into / "notes")]["name"] == "notes"
+
+
+async def test_an_import_waiting_for_its_approval_is_not_served_by_a_daemon_watching_the_folder(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    own_state = tmp_path / "state"
+    own_state.mkdir(mode=0o711)
+    public(own_state)
+    config = write_config(tmp_path, own_state)
+    into = make_plugin("placed", "from sandbox import tool\n\n@tool\ndef here() -> str:\n    return 'here'\n")
+    public(into)
+    srv, shared = tmp_path / "srv", tmp_path / "shared"
+    for folder in (srv, shared):
+        folder.mkdir()
+        folder.chmod(0o777)
+    shutil.copy(HOSTILE, srv / "hostile_server.py")
+    (srv / "hostile_server.py").chmod(0o644)
+    config_file = tmp_path / "mcp.json"
+    config_file.write_text(json.dumps({"mcpServers": {"hostile": {"command": PYTHON,
+                                                                  "args": [str(srv / "hostile_server.py")]}}}))
+    log = tmp_path / "d.log"
+    async with connect(into, config, log) as client:
+        assert {t.name for t in (await client.list_tools()).tools} == {"here"}
+        # A person at a terminal, asked to approve a write grant and not answering yet.
+        person, terminal = pty.openpty()
+        importer = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "runtime.cli", "import", str(config_file), "--into", str(into), "--config",
+             str(config), "--read", f"hostile={srv}", "--write", f"hostile={shared}"],
+            cwd=str(REPO), stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        os.close(terminal)
+        try:
+            os.write(person, b"\n\n\n")  # the offered paths and hosts, as given by the flags
+            shown = b""
+            assert importer.stdout is not None
+            with trio.fail_after(30):
+                while b"[y/N]" not in shown:
+                    chunk = await importer.stdout.receive_some(4096)
+                    assert chunk, shown.decode()
+                    shown += chunk
+            assert f"write:    {shared}".encode() in shown
+            # The daemon reloads (as its watcher would, on whatever the import wrote) while the question is open.
+            reloads = log.read_text().count('"reload_done"')
+            code, _out, err = await toolcell("reload", "--config", str(config))
+            assert code == 0, err
+            with trio.fail_after(30):
+                while log.read_text().count('"reload_done"') == reloads:
+                    await trio.sleep(0.05)
+            names = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
+            assert names == {"here"}, "a plugin awaiting its approval is served"
+            with pytest.raises(MCPError, match="Unknown tool"):
+                await client.call_tool("hostile_write_file", {"path": str(shared / "x")})
+            assert not (shared / "x").exists()
+            assert not [p.name for p in into.iterdir() if p.name != "placed"], "the import stages in the plugins folder"
+            os.write(person, b"n\n")
+            with trio.fail_after(30):
+                assert await importer.wait() == 1
+        finally:
+            if importer.returncode is None:
+                importer.kill()
+                await importer.wait()
+            os.close(person)
+    assert sorted(p.name for p in into.iterdir()) == ["placed"]
+    assert not [p for p in own_state.rglob("*hostile*")], "the staged folder is left behind"
+
+
+def test_a_dot_folder_in_a_plugins_folder_is_never_discovered(tmp_path: Path) -> None:
+    for name in ("finished", ".finished.toolcell-new", ".hidden"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "plugin.toml").write_text('name = "x"\n')
+    assert discover([str(tmp_path)]) == [tmp_path.resolve() / "finished"]
+
+
+# -- the caller's directory configures no installer (issue 23, finding 9) ------------------------------
+
+
+class _Registry:
+    """A loopback HTTP server that answers every GET with an npm packument whose latest is ``version``
+    and counts the connections it saw."""
+
+    def __init__(self, version: str) -> None:
+        seen = self.paths = []  # type: list[str]
+        body = json.dumps({"name": "toolcell-probe", "dist-tags": {"latest": version},
+                           "versions": {version: {"name": "toolcell-probe", "version": version}}}).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                seen.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_the_version_add_and_import_pin_comes_from_the_users_npm_config_never_the_cwds_npmrc(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``toolcell import`` run inside a cloned repository used to let its ``.npmrc`` choose the registry
+    that decided the version to pin. Here the clone's ``.npmrc`` (and ``uv.toml``, ``pip.conf``) name a
+    registry that answers 6.6.6; the user's own ``~/.npmrc`` names one that answers 1.2.3."""
+    from runtime import installer
+
+    evil, good = _Registry("6.6.6"), _Registry("1.2.3")
+    try:
+        clone = tmp_path / "cloned-repo"
+        clone.mkdir()
+        (clone / ".npmrc").write_text(f"registry={evil.url}\n")
+        (clone / "package.json").write_text('{"name": "cloned", "version": "1.0.0"}\n')
+        (clone / "uv.toml").write_text(f'index-url = "{evil.url}simple"\n')
+        (clone / "pip.conf").write_text(f"[global]\nindex-url = {evil.url}simple\n")
+        user_rc = tmp_path / "home" / ".npmrc"
+        user_rc.parent.mkdir()
+        user_rc.write_text(f"registry={good.url}\n")
+        for var in list(os.environ):
+            if var.lower().startswith("npm_config_"):
+                monkeypatch.delenv(var)
+        monkeypatch.setenv("NPM_CONFIG_USERCONFIG", str(user_rc))
+        monkeypatch.chdir(clone)
+        with trio.fail_after(120):
+            version = await installer.resolve_version("npm", "toolcell-probe")
+        assert version == "1.2.3"
+        assert good.paths and not evil.paths
+    finally:
+        evil.close()
+        good.close()
+
+
+async def test_uv_reads_no_config_file_of_the_callers_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``uv.toml``/``pyproject.toml``/``pip.conf`` in the directory ``toolcell add pypi:...`` runs from
+    name a registry that must see nothing; the daemon user's ``UV_INDEX_URL`` is the one asked."""
+    from runtime import installer
+
+    evil, good = _Registry("6.6.6"), _Registry("1.2.3")
+    try:
+        clone = tmp_path / "cloned-repo"
+        clone.mkdir()
+        (clone / "uv.toml").write_text(f'index-url = "{evil.url}simple"\n')
+        (clone / "pyproject.toml").write_text(f'[project]\nname = "x"\nversion = "1"\n[tool.uv]\nindex-url = "{evil.url}simple"\n')
+        (clone / "pip.conf").write_text(f"[global]\nindex-url = {evil.url}simple\n")
+        monkeypatch.setenv("UV_INDEX_URL", f"{good.url}simple")
+        monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+        monkeypatch.setenv("PIP_CONFIG_FILE", str(clone / "pip.conf"))
+        monkeypatch.chdir(clone)
+        with trio.fail_after(120), pytest.raises(installer.InstallError):
+            await installer.resolve_version("pypi", "toolcell-probe")  # the fake index has no such project
+        assert good.paths and not evil.paths
+    finally:
+        evil.close()
+        good.close()

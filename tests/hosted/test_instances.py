@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from conftest import HOSTILE, PYTHON
+from conftest import HOSTILE, PYTHON, public
+
+from runtime import approvals
 
 from runtime.config import Config
 from runtime.daemon import Daemon, open_daemon
+from runtime.manifest import load_manifest
 from runtime.protocol.core import Completed, ConnState, ToolCall
 
 
@@ -56,6 +59,28 @@ async def test_one_instance_per_principal_keeps_clients_apart(
         bob = [json.loads(await call(daemon, "whoami", {}, "bob"))["instance"] for _ in range(3)]
         assert len(set(alice)) == 1 and len(set(bob)) == 1
         assert alice[0] != bob[0]
+
+
+async def test_after_approval_an_edit_that_lets_principals_share_a_server_waits_for_a_person(
+        make_server: Callable[..., Path], tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o711)
+    public(state)
+    plugins = hostile(make_server, per_principal=True)
+    folder = plugins / "hostile"
+    approvals.record(str(state), load_manifest(folder), str(folder), "test")
+    async with daemon_for(plugins, state) as daemon:
+        alice = json.loads(await call(daemon, "whoami", {}, "alice"))["instance"]
+        assert json.loads(await call(daemon, "whoami", {}, "bob"))["instance"] != alice
+        # Whoever can write the folder turns per_principal off: bob would be served by alice's server, and
+        # read what it keeps of hers.
+        manifest = folder / "plugin.toml"
+        manifest.write_text(manifest.read_text().replace("per_principal = true", "per_principal = false"))
+        await daemon.reload()
+        held = daemon.plugins[str(folder.resolve())].reload_error
+        assert any("server.per_principal: true -> false" in p and "toolcell approve hostile" in p for p in held), held
+        assert json.loads(await call(daemon, "whoami", {}, "bob"))["instance"] != alice
+        assert json.loads(await call(daemon, "whoami", {}, "alice"))["instance"] == alice
 
 
 async def test_several_instances_share_concurrent_calls(make_server: Callable[..., Path], state_dir: Path) -> None:

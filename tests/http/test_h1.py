@@ -52,6 +52,8 @@ class App:
                 how = b"take_body"
             out = b"%s|%s|%s|%s|%s" % (how, first, b"again" if again is not None else b"once",
                                       wanted.get(b"mcp-session-id") or b"-", wanted.params.get(b"region") or b"-")
+            if wanted.duplicate is not None:
+                out += b"|" + wanted.duplicate
             await ext["toolcell.respond"](201, [(b"content-length", b"%d" % len(out)), (b"x-kind", b"ext")], out)
             return
         if path == "/early":  # answers before reading the body, like an auth or media-type rejection
@@ -493,8 +495,9 @@ async def test_the_extensions_give_the_gathered_headers_a_body_once_and_a_whole_
     async with running() as srv, client(srv) as c:
         await c.send(post(b"/ext", b"hello", b"Mcp-Session-Id: s1", b"MCP-Param-Region: eu", b"MCP-Param-Region: us"))
         status, headers, body = await c.response()
-        # The body came whole from take_body, and only once; repeated headers are joined.
-        assert (status, body) == (201, b"take_body|hello|once|s1|eu,us")
+        # The body came whole from take_body, and only once; a repeated header is joined, and
+        # remembered as a duplicate (which HttpApp refuses: test_lockdown).
+        assert (status, body) == (201, b"take_body|hello|once|s1|eu,us|mcp-param-region")
         assert headers[b"x-kind"] == b"ext" and headers[b"content-length"] == b"%d" % len(body) and b"date" in headers
         # The connection is reused, and a plain ASGI request after it still reads its body with receive.
         await c.send(post(b"/a", b"plain"))

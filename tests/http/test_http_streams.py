@@ -143,6 +143,19 @@ async def test_shutdown_finishes_in_flight_calls_and_ends_listen_streams_with_th
                 pass
 
 
+async def test_a_draining_daemon_is_alive_but_not_ready(tmp_path: Path, engine: str) -> None:
+    plugins = make_plugins(tmp_path / "plugins")
+    async with open_http(plugins, tmp_path / "state", engine=engine) as srv, \
+            httpx2.AsyncClient(timeout=10) as client:
+        base = srv.url.replace("/mcp", "")
+        assert (await client.get(base + "/readyz")).status_code == 200
+        srv.app.shutting_down = True  # what SIGTERM sets first, before the listeners close
+        not_ready = await client.get(base + "/readyz")
+        assert (not_ready.status_code, not_ready.json()) == (503, {"ready": False})
+        assert (await client.get(base + "/healthz")).json()["status"] == "stopping"
+        assert (await client.get(base + "/livez")).status_code == 200
+
+
 async def test_concurrency_session_and_stream_caps_answer_503(tmp_path: Path, engine: str) -> None:
     plugins = make_plugins(tmp_path / "plugins")
     async with open_http(plugins, tmp_path / "state", engine=engine, max_concurrent_requests=1, max_sessions=1,  # noqa: SIM117

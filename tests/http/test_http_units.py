@@ -4,6 +4,8 @@ listen-address parsing, token hashing and scopes, the HTTP config checks."""
 from __future__ import annotations
 
 import base64
+import socket
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -18,6 +20,7 @@ from runtime.protocol.errors import HeaderMismatch, RateLimited
 from runtime.ratelimit import RateLimiter
 from runtime.transports import mcp_headers as mh
 from runtime.transports.asgi import RequestHeaders, accepts
+from runtime.transports.h1 import source_of
 
 
 def test_a_bucket_allows_its_burst_then_says_exactly_when_the_next_token_comes() -> None:
@@ -102,7 +105,17 @@ def test_request_headers_collect_what_the_transport_reads() -> None:
     assert h.get(b"host") == b"localhost:1"
     assert h.params == {b"region": b"eu"}
     assert h.get(b"mcp-name") == b"a,b"  # repeated: joined, so it cannot match one body value
+    assert h.duplicate == b"mcp-name"  # and remembered: the app refuses the request with 400
     assert h.size > 0
+
+
+def test_only_list_headers_may_repeat_and_a_repeated_mcp_param_is_a_duplicate() -> None:
+    listed = RequestHeaders([(b"accept", b"application/json"), (b"Accept", b"text/event-stream"),
+                             (b"access-control-request-headers", b"a"), (b"access-control-request-headers", b"b"),
+                             (b"x-other", b"1"), (b"x-other", b"2")])
+    assert listed.duplicate is None and listed.get(b"accept") == b"application/json,text/event-stream"
+    param = RequestHeaders([(b"mcp-param-region", b"eu"), (b"Mcp-Param-Region", b"us")])
+    assert param.duplicate == b"mcp-param-region"
 
 
 @pytest.mark.parametrize("accept, expected", [
@@ -183,3 +196,40 @@ def test_the_http_config_is_checked_and_every_problem_is_reported_at_once() -> N
     for fragment in ("http.path", "sha256", "principal must not be empty", "metrics_listen"):
         assert fragment in str(checked.value)
     assert check_http_config(HttpConfig()) == []
+
+
+def test_the_unauthenticated_budget_defaults_to_a_quarter_and_must_leave_room_for_token_holders() -> None:
+    assert HttpConfig().unauthenticated_budget == 1024
+    assert HttpConfig(max_connections=10).unauthenticated_budget == 2
+    assert HttpConfig(max_connections=10, max_unauthenticated_connections=9).unauthenticated_budget == 9
+    problems = check_http_config(HttpConfig(max_connections=10, max_unauthenticated_connections=10))
+    assert any("max_unauthenticated_connections must be less than http.max_connections" in p for p in problems)
+
+
+def test_the_per_address_cap_counts_ipv4_clients_by_address_and_ipv6_clients_by_their_64() -> None:
+    v6 = socket.AF_INET6
+    assert source_of(socket.AF_INET, ("10.0.0.1", 5)) == "10.0.0.1"
+    assert source_of(v6, ("2001:db8:1:2::1", 5, 0, 0)) == source_of(v6, ("2001:db8:1:2:ffff::9", 6, 0, 0))
+    assert source_of(v6, ("2001:db8:1:2::1", 5, 0, 0)) != source_of(v6, ("2001:db8:1:3::1", 5, 0, 0))
+    assert source_of(v6, ("::ffff:10.0.0.1", 5, 0, 0)) == "10.0.0.1"  # IPv4 on a dual-stack socket
+    assert source_of(socket.AF_UNIX, "") is None
+
+
+def test_tokens_from_a_tokens_file_are_added_to_those_in_the_config(tmp_path: Path) -> None:
+    from runtime.config import ConfigError, load_config
+
+    secret = tmp_path / "tokens.toml"
+    secret.write_text(f'[[tokens]]\nprincipal = "ci"\nsha256 = "{"b" * 64}"\nscopes = ["plugin:mathkit"]\n')
+    inline = {"principal": "ops", "sha256": "a" * 64}
+    cfg = load_config(None, {"http": {"tokens": [inline], "tokens_file": str(secret)}})
+    assert [(t.principal, t.scopes) for t in cfg.http.tokens] == [("ops", ["*"]), ("ci", ["plugin:mathkit"])]
+    auth = Authenticator(cfg.http)
+    assert auth.enabled
+    secret.write_text('[[tokens]]\nprincipal = "ci"\nsha256 = "short"\n')
+    with pytest.raises(ConfigError, match=r"http.tokens\[0\].sha256 must be 64 lowercase hex"):
+        load_config(None, {"http": {"tokens_file": str(secret)}})
+    secret.write_text('listen = "0.0.0.0:1"\n')
+    with pytest.raises(ConfigError, match="expected only \\[\\[tokens\\]\\] tables"):
+        load_config(None, {"http": {"tokens_file": str(secret)}})
+    with pytest.raises(ConfigError, match="tokens_file .*missing.toml: No such file"):
+        load_config(None, {"http": {"tokens_file": str(tmp_path / "missing.toml")}})

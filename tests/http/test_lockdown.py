@@ -6,11 +6,16 @@ from __future__ import annotations
 import json
 import socket
 import time
+from contextlib import AsyncExitStack
+from pathlib import Path
 
 import httpx2
 import pytest
-from http_harness import TOKENS, ServerProcess
-from httpkit import LEGACY, initialize, legacy_headers, modern_post, rpc
+import trio
+from http_harness import TOKENS, ServerProcess, make_plugins, open_http, sha
+from httpkit import LEGACY, MODERN, initialize, legacy_headers, modern_body, modern_post, rpc
+
+from runtime.http_config import Token
 
 FULL = TOKENS["full"]
 
@@ -64,6 +69,16 @@ def test_healthz_reports_readiness_without_authentication(locked_server: ServerP
     assert r.json()["status"] == "ready"
     assert r.json()["tools"] >= 7
     assert client.get(locked_server.base + "/other").status_code == 404
+
+
+def test_readiness_and_liveness_are_answered_apart_without_authentication(locked_server: ServerProcess,
+                                                                          client: httpx2.Client) -> None:
+    ready = client.get(locked_server.base + "/readyz")
+    assert (ready.status_code, ready.json()) == (200, {"ready": True})
+    assert ready.headers["cache-control"] == "no-store"
+    alive = client.get(locked_server.base + "/livez")
+    assert (alive.status_code, alive.json()) == (200, {"status": "alive"})
+    assert client.head(locked_server.base + "/readyz").status_code == 200
 
 
 def test_a_tool_outside_the_tokens_scopes_is_indistinguishable_from_an_unknown_tool(
@@ -272,3 +287,125 @@ def test_an_absolute_form_target_with_a_foreign_authority_is_refused_whatever_th
     assert status_for("http://evil.example.com/mcp", f"localhost:{port}") == 403
     assert status_for(f"http://localhost:{port}/mcp", "evil.example.com") == 200
     assert status_for("/mcp", f"localhost:{port}") == 200
+
+
+def _exchange(server: ServerProcess, request: bytes) -> tuple[int, bytes]:
+    """Send one whole request (with ``Connection: close``); the status and the whole response."""
+    port = int(server.url.split(":")[2].split("/")[0])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    return int(data.split(b" ")[1]), data
+
+
+def _routed_request(port: int, extra: list[tuple[str, str]], drop: str = "") -> bytes:
+    """A valid 2026-07-28 ``tools/call`` of ``a_routed`` (its region mirrored in Mcp-Param-Region),
+    with ``extra`` header lines added after the regular ones (``drop``: one regular header left out)."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "a_routed", "arguments": {"region": "eu"},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {}}}}).encode()
+    headers = [("Host", f"127.0.0.1:{port}"), ("Origin", "https://app.example.com"),
+               ("Authorization", f"Bearer {FULL}"), ("Content-Type", "application/json"),
+               ("Accept", "application/json, text/event-stream"), ("MCP-Protocol-Version", "2026-07-28"),
+               ("Mcp-Method", "tools/call"), ("Mcp-Name", "a_routed"), ("Mcp-Param-Region", "eu"),
+               ("Content-Length", str(len(body))), ("Connection", "close")]
+    lines = [f"{k}: {v}" for k, v in headers if k != drop] + [f"{k}: {v}" for k, v in extra]
+    return ("POST /mcp HTTP/1.1\r\n" + "\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+#: Every request header the daemon reads to decide something, with a second value that conflicts.
+SINGLE_HEADERS = [
+    ("Host", "evil.example"),
+    ("Origin", "https://evil.example"),
+    ("Authorization", f"Bearer {TOKENS['alpha']}"),
+    ("Content-Type", "text/plain"),
+    ("MCP-Protocol-Version", "2025-11-25"),
+    ("Mcp-Method", "tools/list"),
+    ("Mcp-Name", "b_secret"),
+    ("Mcp-Param-Region", "us"),
+    ("Mcp-Session-Id", "a"),
+    ("Last-Event-ID", "7"),
+]
+
+
+@pytest.mark.parametrize(("name", "other"), SINGLE_HEADERS, ids=[n for n, _ in SINGLE_HEADERS])
+@pytest.mark.parametrize("same", [False, True], ids=["conflicting", "repeated"])
+def test_a_header_a_decision_reads_sent_twice_gets_400_never_first_wins(
+        locked_server: ServerProcess, name: str, other: str, same: bool) -> None:
+    """RFC 9112 3.2 for Host, and the same rule for every header that must appear once: the second
+    line is the attacker's choice of which value counts, so neither does."""
+    port = int(locked_server.url.split(":")[2].split("/")[0])
+    assert _exchange(locked_server, _routed_request(port, []))[0] == 200  # the request is good alone
+    base = _routed_request(port, [])
+    first = next((line.split(b": ", 1)[1].decode() for line in base.split(b"\r\n")
+                  if line.lower().startswith(name.lower().encode() + b": ")), "first-" + other)
+    # The regular value first, then a conflicting one (or the same value again: still two values).
+    request = _routed_request(port, [(name, first), (name, first if same else other)], drop=name)
+    status, response = _exchange(locked_server, request)
+    assert status == 400, response
+    assert f"the {name} header appears more than once".encode() in response
+    assert b"connection: close" in response.lower()
+
+
+@pytest.mark.parametrize("framing", [
+    [("Content-Length", "2")],                       # conflicting lengths
+    [("Content-Length", "0")],
+    [("Transfer-Encoding", "chunked")],              # both framings
+])
+def test_conflicting_body_framing_headers_get_400(locked_server: ServerProcess, framing: list[tuple[str, str]]) -> None:
+    port = int(locked_server.url.split(":")[2].split("/")[0])
+    status, response = _exchange(locked_server, _routed_request(port, framing))
+    assert status == 400, response
+
+
+def test_a_repeated_accept_is_one_list_not_a_duplicate(locked_server: ServerProcess) -> None:
+    """Accept is a list header (RFC 9110 12.5.1): two lines are the two halves of one list."""
+    port = int(locked_server.url.split(":")[2].split("/")[0])
+    request = _routed_request(port, [("Accept", "application/json"), ("Accept", "text/event-stream")], drop="Accept")
+    assert _exchange(locked_server, request)[0] == 200
+
+
+async def test_holding_every_connection_with_a_head_begun_does_not_lock_out_a_token_holder(tmp_path: Path) -> None:
+    """Issue 23 finding 4, on the daemon's own app: an attacker with no token takes every connection
+    ``max_connections`` allows, each with a head begun and never ended, and keeps taking more; a
+    token holder is still served at once (and not after ``idle_timeout_s``) on new connections, and
+    on the keep-alive one it had before."""
+    plugins = make_plugins(tmp_path / "plugins")
+    token = Token(principal="full", sha256=sha(FULL))
+    async with open_http(plugins, tmp_path / "state", tokens=[token], max_connections=8,
+                         max_unauthenticated_per_address=8) as http, AsyncExitStack() as held:
+        port = int(http.url.split(":")[2].split("/")[0])
+        body = modern_body("tools/list")
+        head = (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                f"Accept: application/json\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/list\r\n"
+                f"Content-Length: {len(body)}\r\n").encode()
+
+        async def ask(stream: trio.SocketStream) -> int:
+            await stream.send_all(head + f"Authorization: Bearer {FULL}\r\n\r\n".encode() + body)
+            data = b""
+            with trio.fail_after(5):  # idle_timeout_s is 60: a lockout would show here
+                while b"\r\n\r\n" not in data:
+                    data += await stream.receive_some(65536)
+            return int(data.split(b" ")[1])
+
+        keeper = await trio.open_tcp_stream("127.0.0.1", port)
+        held.push_async_callback(keeper.aclose)
+        assert await ask(keeper) == 200
+        for _ in range(3):
+            for _ in range(10):  # more than max_connections, from another address
+                s = await trio.open_tcp_stream("127.0.0.1", port, local_address="127.0.0.2")
+                held.push_async_callback(s.aclose)
+                await s.send_all(head)  # the head begun, never ended
+            await trio.sleep(0.05)
+            async with await trio.open_tcp_stream("127.0.0.1", port) as newcomer:
+                assert await ask(newcomer) == 200
+            assert await ask(keeper) == 200

@@ -281,3 +281,12 @@ async def test_a_principal_at_its_share_of_requests_in_progress_is_refused_and_o
 
 async def partial_post(app: HttpApp, headers: list[tuple[bytes, bytes]]) -> None:
     assert (await post(app, INIT, headers, body_arrives=False))[0] == 408
+
+
+async def test_a_duplicate_host_through_plain_asgi_gets_400_as_on_the_h1_server(tmp_path: Any) -> None:
+    """The ASGI path (hypercorn) builds the headers from the scope: the same rule holds there."""
+    async with app_with(tmp_path) as app:
+        status, _, body = await post(app, INIT, [(b"host", b"evil.example")])
+        assert status == 400 and "Host header appears more than once" in body["error"]["message"]
+        status, _, _ = await post(app, INIT)
+        assert status == 200
