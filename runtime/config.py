@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from runtime import declared_bounds
+from runtime import config_problems
 
 from runtime.http_config import HttpConfig, check_http_config
 from runtime.plugin_secrets import SecretSource, check_sources
@@ -110,6 +110,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     #: Calls running or queued at once across all plugins and clients.
     max_inflight: Annotated[int, Meta(ge=1)] = 4096
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: Log lines on stderr: "auto" (readable text on a terminal, JSON lines otherwise), "json" or "text".
+    log_format: Literal["auto", "json", "text"] = "auto"
     state_dir: str = msgspec.field(default_factory=default_state_dir)
     #: Pre-started workers per plugin (each plugin may grow to its max_concurrency).
     min_workers: Annotated[int, Meta(ge=0, le=64)] = 1
@@ -188,24 +190,36 @@ def _with_tokens_file(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(path: str | None, overrides: dict[str, Any]) -> Config:
-    """Read the TOML file (if any), apply CLI overrides, check everything; raise ConfigError."""
+    """Read the TOML file (if any), apply CLI overrides, check everything; raise ConfigError naming
+    every problem at once, each as ``file:line:column: problem``."""
     raw: dict[str, Any] = {}
+    source = ""
     if path:
         try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            source = Path(path).read_text(encoding="utf-8")
+            raw = tomllib.loads(source)
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    raw.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    raw.update(given)
     raw = _with_tokens_file(raw)
-    violated = declared_bounds.violations(raw, Config)
-    problems = [message for _keys, message in violated]
-    try:
-        cfg = msgspec.convert(declared_bounds.without(raw, violated), Config)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{path or 'config'}: " + "; ".join(problems + [str(exc)])) from None
-    problems += check_config(cfg)
-    if problems:
-        raise ConfigError(f"{path or 'config'}: " + "; ".join(problems))
+    cfg, decoding = config_problems.decode(raw, Config)
+    found: list[config_problems.Problem | str] = list(decoding)
+    if cfg is not None:
+        found += check_config(cfg)
+    if found:
+        # A problem with a value given on the command line is not in the file: no position for it.
+        located = config_problems.locate_all(source, [p for p in found if not _from_flags(p, given)])
+        located += [config_problems.Located(None, p if isinstance(p, str) else p.message)
+                    for p in found if _from_flags(p, given)]
+        where = path or "config"
+        lines = [p.render(where) for p in located]
+        raise ConfigError(lines[0] if len(lines) == 1 else f"{len(lines)} problems:\n  " + "\n  ".join(lines))
+    assert cfg is not None
     return cfg
+
+
+def _from_flags(problem: config_problems.Problem | str, given: dict[str, Any]) -> bool:
+    return isinstance(problem, config_problems.Problem) and bool(problem.keys) and problem.keys[0] in given

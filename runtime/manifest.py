@@ -46,7 +46,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from runtime import declared_bounds, plugin_files
+from runtime import config_problems, plugin_files
+from runtime.config_problems import Located, Problem
 from runtime.egress_rules import Entry, parse_entry
 from runtime.plugin_files import excerpt
 from runtime.plugin_secrets import SecretSpec, check_bindings
@@ -112,12 +113,18 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class ManifestError(Exception):
-    """A manifest that cannot be used; ``problems`` lists every issue found."""
+    """A manifest that cannot be used; ``problems`` lists every issue found, ``located`` the same
+    with where each one is in the file (``located()`` renders them as ``file:line:column: ...``)."""
 
-    def __init__(self, path: Path, problems: list[str]) -> None:
+    def __init__(self, path: Path, problems: list[str], located: list[Located] | None = None) -> None:
         self.path = path
         self.problems = problems
+        self._located = located if located is not None else [Located(None, p) for p in problems]
         super().__init__(f"{path}: " + "; ".join(problems))
+
+    def located(self) -> list[str]:
+        """Each problem as ``file:line:column: problem`` (``file: problem`` when it is nowhere in particular)."""
+        return [p.render(str(self.path)) for p in self._located]
 
 
 def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
@@ -186,17 +193,17 @@ def load_manifest(plugin_dir: Path) -> Manifest:
         raise ManifestError(path, ["not valid TOML: nested too deeply"]) from None
     except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: a 5,000-digit integer
         raise ManifestError(path, [f"not valid TOML: {str(exc)[:300]}"]) from None
-    # Declared bounds first, every one; the rest is decoded without the offending values, so that
-    # its own problems are reported in the same go.
+    # Every decoding problem first (bounds, unknown keys, types); the rest is decoded without the
+    # offending values, so that the semantic checks report theirs in the same go.
     try:
-        violated = declared_bounds.violations(raw, Manifest)
-        problems = [message for _keys, message in violated]
-        manifest = msgspec.convert(declared_bounds.without(raw, violated), Manifest)
-    except msgspec.ValidationError as exc:
-        raise ManifestError(path, problems + [str(exc)]) from None
+        manifest, decoding = config_problems.decode(raw, Manifest)
+        found: list[Problem | str] = list(decoding)
+        if manifest is not None:
+            found += check_manifest(manifest, plugin_dir)
+        located = config_problems.locate_all(text, found)
     except (RecursionError, ValueError, TypeError, OverflowError) as exc:
         raise ManifestError(path, [f"cannot be read as a manifest: {type(exc).__name__}: {str(exc)[:200]}"]) from None
-    problems += check_manifest(manifest, plugin_dir)
-    if problems:
-        raise ManifestError(path, problems)
+    if located:
+        raise ManifestError(path, [p.message for p in located], located)
+    assert manifest is not None
     return manifest

@@ -96,7 +96,7 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
     try:
         plugin.manifest = await plugin_files.off_loop(load_manifest, path, what=f"reading {MANIFEST_NAME}")
     except ManifestError as exc:
-        plugin.problems = [f"{exc.path}: {p}" for p in exc.problems]
+        plugin.problems = exc.located()
         return plugin
     except plugin_files.PluginFileError as exc:
         plugin.problems = [f"{path / MANIFEST_NAME}: {exc.reason}"]

@@ -25,6 +25,7 @@ import trio
 from runtime import logs, systemd
 from runtime.config import Config
 from runtime.http_config import parse_listen
+from runtime.scope import Scope
 from sandbox.isolation import cgroups
 
 
@@ -89,7 +90,7 @@ def ensure_bindable(address: tuple[str, int]) -> None:
 
 
 async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, unix: str | None = None,
-                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+                scope: Scope | None = None, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until shut down. ``http`` is ``HOST:PORT`` ("" for the configured/default address)."""
     from runtime.daemon import open_daemon
 
@@ -118,6 +119,7 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
     if hcfg.metrics_listen and (listen is not None or unix or passed or stdio):
         ensure_bindable(parse_listen(hcfg.metrics_listen, default_port=9464))
     async with open_daemon(cfg) as daemon:
+        daemon.scope = scope
         audit: Any = None
         metrics: Any = None
         if hcfg.audit_log:

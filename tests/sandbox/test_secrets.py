@@ -75,7 +75,7 @@ def write_manifest(folder: Path, body: str) -> Path:
     ('[permissions]\nnetwork = ["a.example:443"]\n[secrets.HTTPS_PROXY]\nhost = "a.example"\n',
      "HTTPS_PROXY is set by toolcell itself"),
     ('[permissions]\nnetwork = ["a.example:443"]\n[secrets."BAD NAME"]\nhost = "a.example"\n', "not a variable name"),
-    ('[permissions]\nnetwork = ["a.example:443"]\n[secrets.TOKEN]\nhost = "a.example"\nport = 1\n', "unknown field"),
+    ('[permissions]\nnetwork = ["a.example:443"]\n[secrets.TOKEN]\nhost = "a.example"\nport = 1\n', "secrets.TOKEN.port: unknown key"),
 ])
 def test_a_secret_bound_to_a_host_the_plugin_may_not_reach_or_malformed_is_refused_at_load(
         tmp_path: Path, body: str, fragment: str) -> None:
