@@ -6,14 +6,16 @@ see and call: ``*`` (all), ``plugin:NAME`` (one plugin's tools) or a glob on the
 Outside its scopes a tool is simply absent from the principal's catalog view, so it is
 indistinguishable from a tool that does not exist.
 
-``python -m runtime.auth [PRINCIPAL [SCOPE ...]]`` mints a random token and prints it with the
-``[[http.tokens]]`` TOML to paste into the config.
+``toolcell token [PRINCIPAL] [--scope SCOPE]...`` (also ``python -m runtime.auth``) mints a random
+token and prints it with the ``[[http.tokens]]`` TOML to paste into the config.
 """
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import hashlib
+import re
 import secrets
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +23,9 @@ from typing import Any, Protocol
 
 from runtime.http_config import HttpConfig, RateLimit
 from runtime.protocol.catalog import Catalog, ToolEntry
+
+
+_PRINCIPAL = re.compile(r"^[A-Za-z0-9_.@][A-Za-z0-9_.@-]{0,63}$")
 
 
 def hash_token(token: str) -> str:
@@ -116,14 +121,43 @@ class Authenticator:
         return principal
 
 
-def main(argv: list[str]) -> int:
-    principal = argv[0] if argv else "client"
-    scopes = argv[1:] or ["*"]
+TOKEN_EXAMPLES = """examples:
+  toolcell token                                   a token for principal "client" that sees every tool
+  toolcell token ci-bot --scope plugin:mathkit --scope 'text_*' >> toolcell.toml"""
+
+
+def add_token_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``toolcell token``."""
+    p.add_argument("principal", nargs="?", default="client",
+                   help="who the token identifies (in logs, audit lines, rate limits; default: client)")
+    p.add_argument("--scope", action="append", metavar="SCOPE", dest="scopes",
+                   help="which tools it may see and call: '*' (default), plugin:NAME or a glob on the tool name; "
+                        "repeatable")
+
+
+def run_token(args: argparse.Namespace) -> int:
+    """Mint a token: the secret on stderr (stored nowhere), the ``[[http.tokens]]`` TOML on stdout."""
+    if not _PRINCIPAL.match(args.principal):
+        print(f"toolcell token: principal {args.principal!r}: use 1-64 characters of letters, digits, '_', '.', "
+              "'@', '-' (not starting with '-')", file=sys.stderr)
+        return 2
+    scopes = args.scopes or ["*"]
+    for scope in scopes:
+        if not scope or any(c in scope for c in '"\\\n'):
+            print(f"toolcell token: scope {scope!r}: use '*', plugin:NAME or a glob on tool names", file=sys.stderr)
+            return 2
     token = "tc_" + secrets.token_urlsafe(32)
     print(f"token (give it to the client; it is not stored anywhere): {token}", file=sys.stderr)
     scope_list = ", ".join(f'"{s}"' for s in scopes)
-    print(f'[[http.tokens]]\nprincipal = "{principal}"\nsha256 = "{hash_token(token)}"\nscopes = [{scope_list}]')
+    print(f'[[http.tokens]]\nprincipal = "{args.principal}"\nsha256 = "{hash_token(token)}"\nscopes = [{scope_list}]')
     return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime.auth", description="mint a bearer token (toolcell token)",
+                                     epilog=TOKEN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_token_arguments(parser)
+    return run_token(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

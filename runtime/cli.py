@@ -3,31 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
+import socket
 import sys
 from typing import Any, Sequence
 
 import trio
 
-from runtime import __version__, logs
+from runtime import __version__, cli_help, logs
 from runtime.config import Config, ConfigError, load_config
+from runtime.progress import progress
+from runtime.scope import scope_of
+
+
+#: shtab completes these arguments as folders / files (an attribute argparse ignores).
+shtab_dir = {"bash": "_shtab_compgen_dirs", "zsh": "_files -/", "tcsh": "d"}
+shtab_file = {"bash": "_shtab_compgen_files", "zsh": "_files", "tcsh": "f"}
 
 
 def _add_common(p: argparse.ArgumentParser, plugins: bool = True) -> None:
-    p.add_argument("--config", help="TOML config file")
+    p.add_argument("--config", help="TOML config file").complete = shtab_file  # type: ignore[attr-defined]
     if plugins:
         p.add_argument("--plugins", action="append", metavar="DIR",
-                       help="plugin folder (a plugin, or a folder of plugins); repeatable; default: the bundled plugins")
+                       help="plugin folder (a plugin, or a folder of plugins); repeatable; default: the bundled plugins"
+                       ).complete = shtab_dir  # type: ignore[attr-defined]
     p.add_argument("--policy", choices=["strict", "compat", "none"], help="isolation policy (default strict)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["auto", "json", "text"],
+                   help="log lines on stderr: readable text on a terminal and JSON otherwise (auto, the default), "
+                        "or always json / text")
 
 
 def _config(args: argparse.Namespace, **extra: Any) -> Config:
     overrides = {"plugins": getattr(args, "plugins", None), "policy": getattr(args, "policy", None),
-                 "log_level": getattr(args, "log_level", None), **extra}
-    return load_config(args.config, overrides)
+                 "log_level": getattr(args, "log_level", None), "log_format": getattr(args, "log_format", None),
+                 **extra}
+    cfg = load_config(args.config, overrides)
+    logs.configure(cfg.log_level, format=cfg.log_format)
+    return cfg
 
 
 def _missing_folders(cfg: Config) -> list[str]:
@@ -67,7 +83,7 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.serve import serve
 
-    await serve(cfg, stdio=args.stdio, http=args.http, unix=args.unix)
+    await serve(cfg, stdio=args.stdio, http=args.http, unix=args.unix, scope=scope_of(args.config, cfg.plugins))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -92,8 +108,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not isinstance(err, (OSError, ValueError)):
             raise
         print(f"toolcell serve: {err}", file=sys.stderr)
+        if isinstance(err, OSError) and err.errno == errno.EADDRINUSE:
+            print(_address_in_use_advice(cfg), file=sys.stderr)
         return 1
     return 0
+
+
+def _address_in_use_advice(cfg: Config) -> str:
+    """What to do when the address is taken: which toolcell daemons of this state dir serve what, and a
+    free port to serve on instead."""
+    from runtime.reload import running_daemons
+
+    lines = ["  another program listens there. Stop it, or serve on another address, e.g. "
+             f"toolcell serve --http 127.0.0.1:{_free_port()} (or set http.listen in the config)."]
+    daemons = running_daemons(cfg.state_dir)
+    if daemons:
+        lines.append("  toolcell daemons of this user: " + "; ".join(f"pid {d.pid} ({d.serving})" for d in daemons)
+                     + " (kill -TERM PID stops one gracefully)")
+    return "\n".join(lines)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 # -- list / check / call ---------------------------------------------------------------------------
@@ -105,6 +143,32 @@ async def _describe(cfg: Config) -> Any:
 
     async with open_daemon(cfg, describe_only=True) as daemon:
         return daemon
+
+
+async def _describe_showing(cfg: Config, installing: str) -> Any:
+    """``_describe``, showing progress while the plugins' packages may be installing (a first check of a
+    plugin with dependencies or a server package installs them, which takes a while)."""
+    if not installing:
+        return await _describe(cfg)
+    async with progress(installing, sys.stderr):
+        return await _describe(cfg)
+
+
+def _installs(cfg: Config) -> list[str]:
+    """What loading the configured plugins may install: their dependencies and server packages."""
+    from runtime.manifest import ManifestError, load_manifest
+    from runtime.plugins import discover
+
+    found: list[str] = []
+    for path in discover(cfg.plugins):
+        try:
+            manifest = load_manifest(path)
+        except ManifestError:
+            continue
+        found += manifest.dependencies
+        if manifest.server is not None and manifest.server.package:
+            found.append(manifest.server.package)
+    return found
 
 
 def _permissions(plugin: Any) -> str:
@@ -174,7 +238,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if _refuse_missing("check", cfg):
         return 2
     logs.configure("error")
-    daemon = trio.run(_describe, cfg)
+    needs = _installs(cfg)
+    daemon = trio.run(_describe_showing, cfg, f"installing what it needs ({', '.join(needs)})" if needs else "")
     plugins = list(daemon.plugins.values()) + daemon.failed
     if not plugins:
         print(f"{args.plugin_dir}: no plugin found (expected a plugin.toml)")
@@ -195,79 +260,28 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-async def _call(cfg: Config, name: str, arguments: Any) -> tuple[int, Any]:
-    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
-    from runtime.connection import run_call
-    from runtime.daemon import open_daemon
-    from runtime.protocol.core import ConnState, Reply, ToolCall
-
-    async with open_daemon(cfg) as daemon:
-        state = ConnState()
-        core = daemon.core
-        core.receive(state, json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "toolcell-cli", "version": __version__}}}).encode())
-        request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                   "params": {"name": name, "arguments": arguments, "_meta": {"progressToken": "cli"}}}
-        action = core.receive(state, json.dumps(request).encode())
-
-        def emit(data: bytes) -> None:
-            print(data.decode(), file=sys.stderr)
-
-        if isinstance(action, ToolCall):
-            data = await run_call(daemon, action, emit=emit)
-        else:
-            assert isinstance(action, Reply) and action.data is not None
-            data = action.data
-        msg = json.loads(data)
-        if "error" in msg:
-            return 2, msg["error"]
-        return (1 if msg["result"].get("isError") else 0), msg["result"]
-
-
 def cmd_call(args: argparse.Namespace) -> int:
+    from runtime.call_cli import run_call_command
+
     cfg = _config(args)
     if _refuse_missing("call", cfg):
         return 2
     logs.configure(cfg.log_level if args.log_level else "warning")
-    try:
-        arguments = json.loads(args.arguments) if args.arguments else {}
-    except json.JSONDecodeError as exc:
-        print(f"toolcell call: arguments are not valid JSON: {exc}", file=sys.stderr)
-        return 2
-    code, result = trio.run(_call, cfg, args.name, arguments)
-    print(json.dumps(result, indent=2, ensure_ascii=False))
-    return code
+    return run_call_command(cfg, args)
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
     # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
-    from runtime.reload import running_daemons, send_reload
+    from runtime.reload_cli import run_reload
 
-    cfg = _config(args)
-    daemons = running_daemons(cfg.state_dir)
-    if args.pid is not None:
-        daemons = [d for d in daemons if d[0] == args.pid]
-    if not daemons:
-        which = f"daemon {args.pid}" if args.pid is not None else "running daemon"
-        print(f"toolcell reload: no {which} found (pidfiles in {cfg.state_dir})", file=sys.stderr)
-        return 1
-    failed = 0
-    for pid, serving in daemons:
-        try:
-            send_reload(pid)
-        except OSError as exc:
-            print(f"toolcell reload: could not signal daemon {pid}: {exc}", file=sys.stderr)
-            failed += 1
-            continue
-        print(f"toolcell reload: asked daemon {pid} ({serving or 'no address recorded'}) to reload its plugins")
-    return 1 if failed else 0
+    return run_reload(_config(args), args)
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.task_cli import run_tasks_command
 
-    return run_tasks_command(load_config(args.config, {}), args, table)
+    return run_tasks_command(load_config(args.config, {"plugins": args.plugins}), args, table)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -277,13 +291,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return int(doctor.main(["--json"] if args.json else []))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args_in = list(sys.argv[1:] if argv is None else argv)
-    if args_in[:1] == ["bench"]:  # its own parser, and its own dependencies (the bench extra)
-        # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
-        from runtime.bench.cli import main as bench
-
-        return bench(args_in[1:])
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``toolcell`` command line (completion scripts are made from it too)."""
     parser = argparse.ArgumentParser(prog="toolcell", description="MCP tools daemon: every call in an isolated worker")
     parser.add_argument("--version", action="version", version=f"toolcell {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -312,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = sub.add_parser("check", help="validate a plugin and report every problem")
     _add_common(p, plugins=False)
-    p.add_argument("plugin_dir")
+    p.add_argument("plugin_dir").complete = shtab_dir  # type: ignore[attr-defined]
     p.set_defaults(func=cmd_check)
 
     # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
@@ -320,9 +329,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     imports.register(sub, _add_common, _config)  # add, import, approve
 
-    p = sub.add_parser("reload", help="ask the running daemon(s) to reload their plugin folders (SIGHUP)")
-    p.add_argument("--config", help="TOML config file (for its state_dir, where daemons keep their pidfiles)")
-    p.add_argument("--pid", type=int, help="reach only this daemon (default: every daemon using this state dir)")
+    from runtime import client_install
+
+    p = sub.add_parser("install", help="write an MCP client's configuration to use toolcell "
+                                       "(claude-desktop, claude-code, cursor, vscode)")
+    client_install.add_arguments(p)
+    p.set_defaults(func=client_install.run_install)
+
+    from runtime import reload_cli
+
+    p = sub.add_parser("reload", help="ask the daemon(s) of this configuration to reload their plugin folders (SIGHUP)")
+    reload_cli.add_arguments(p)
     p.set_defaults(func=cmd_reload)
 
     p = sub.add_parser("tasks", help="list the tasks in the task store, or show one (reads the store directly)")
@@ -332,13 +349,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(p)
     p.set_defaults(func=cmd_tasks)
 
+    from runtime import auth
+
+    p = sub.add_parser("token", help="mint a bearer token for the HTTP transport and print its [[http.tokens]] entry")
+    auth.add_token_arguments(p)
+    p.set_defaults(func=auth.run_token)
+
     p = sub.add_parser("doctor", help="probe which isolation layers this machine supports")
     p.add_argument("--json", action="store_true", help="print the probe's report as JSON")
     p.set_defaults(func=cmd_doctor)
 
     sub.add_parser("bench", help="load-benchmark MCP servers (toolcell bench --help; needs toolcell[bench])")
 
-    args = parser.parse_args(args_in)
+    p = cli_help.add_completion_command(sub)
+    p.set_defaults(func=lambda a: cli_help.print_completion(parser, a.shell))
+    cli_help.add_examples(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["bench"]:
+        from runtime.bench.cli import main as bench  # its own parser and dependencies (the bench extra)
+
+        try:
+            return bench(args_in[1:])
+        finally:
+            if args_in[1:2] in (["-h"], ["--help"]):  # its help ends with SystemExit
+                print("\n" + cli_help.EXAMPLES["bench"])
+    args = build_parser().parse_args(args_in)
     try:
         return int(args.func(args))
     except ConfigError as exc:

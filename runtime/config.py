@@ -9,6 +9,11 @@ Example ``toolcell.toml``::
     max_message_bytes = 16777216
     log_level = "info"
 
+    egress_ca_file = "/etc/ssl/internal-ca.pem"   # optional: more CAs the egress proxy trusts upstream
+
+    [secrets]                  # values of plugins' secrets (runtime.plugin_secrets); never logged
+    GITHUB_TOKEN = { env = "GH_TOKEN" }          # or { file = "/run/secrets/gh" }, { credential = "gh" }
+
     [tasks]                    # long-running tool calls (MCP tasks): where they are kept, limits
     store = "redis://tasks.internal:6379/0"   # default: SQLite, tasks.sqlite3 in state_dir
     max_live_per_principal = 100
@@ -25,9 +30,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from runtime import declared_bounds
+from runtime import config_problems
 
 from runtime.http_config import HttpConfig, check_http_config
+from runtime.plugin_secrets import SecretSource, check_sources
 from runtime.task_store import Limits, parse_store_url
 import importlib.util
 
@@ -103,6 +109,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     #: Calls running or queued at once across all plugins and clients.
     max_inflight: Annotated[int, Meta(ge=1)] = 4096
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: Log lines on stderr: "auto" (readable text on a terminal, JSON lines otherwise), "json" or "text".
+    log_format: Literal["auto", "json", "text"] = "auto"
     state_dir: str = msgspec.field(default_factory=default_state_dir)
     #: Pre-started workers per plugin (each plugin may grow to its max_concurrency).
     min_workers: Annotated[int, Meta(ge=0, le=64)] = 1
@@ -122,6 +130,11 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     #: MCP tasks: the store and its limits (see ``TasksConfig``).
     tasks: TasksConfig = msgspec.field(default_factory=TasksConfig)
+    #: Where the values of plugins' secrets come from, by name (``runtime.plugin_secrets``).
+    secrets: dict[str, SecretSource] = {}
+    #: More CAs (a PEM file) the egress proxy trusts, beside the system's, when it checks a host a
+    #: secret is bound to (an internal CA).
+    egress_ca_file: str | None = None
 
 
 class ConfigError(Exception):
@@ -150,7 +163,10 @@ def secure_state_dir(path: str) -> None:
 
 def check_config(cfg: Config) -> list[str]:
     """Problems the field declarations cannot state (bounds and choices are declared on the fields)."""
-    return check_http_config(cfg.http) + check_tasks_config(cfg.tasks, cfg.state_dir)
+    problems = check_http_config(cfg.http) + check_tasks_config(cfg.tasks, cfg.state_dir) + check_sources(cfg.secrets)
+    if cfg.egress_ca_file is not None and not os.path.isfile(cfg.egress_ca_file):
+        problems.append(f"egress_ca_file {cfg.egress_ca_file}: no such file")
+    return problems
 
 
 def _with_tokens_file(raw: dict[str, Any]) -> dict[str, Any]:
@@ -173,24 +189,36 @@ def _with_tokens_file(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(path: str | None, overrides: dict[str, Any]) -> Config:
-    """Read the TOML file (if any), apply CLI overrides, check everything; raise ConfigError."""
+    """Read the TOML file (if any), apply CLI overrides, check everything; raise ConfigError naming
+    every problem at once, each as ``file:line:column: problem``."""
     raw: dict[str, Any] = {}
+    source = ""
     if path:
         try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            source = Path(path).read_text(encoding="utf-8")
+            raw = tomllib.loads(source)
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    raw.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    raw.update(given)
     raw = _with_tokens_file(raw)
-    violated = declared_bounds.violations(raw, Config)
-    problems = [message for _keys, message in violated]
-    try:
-        cfg = msgspec.convert(declared_bounds.without(raw, violated), Config)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{path or 'config'}: " + "; ".join(problems + [str(exc)])) from None
-    problems += check_config(cfg)
-    if problems:
-        raise ConfigError(f"{path or 'config'}: " + "; ".join(problems))
+    cfg, decoding = config_problems.decode(raw, Config)
+    found: list[config_problems.Problem | str] = list(decoding)
+    if cfg is not None:
+        found += check_config(cfg)
+    if found:
+        # A problem with a value given on the command line is not in the file: no position for it.
+        located = config_problems.locate_all(source, [p for p in found if not _from_flags(p, given)])
+        located += [config_problems.Located(None, p if isinstance(p, str) else p.message)
+                    for p in found if _from_flags(p, given)]
+        where = path or "config"
+        lines = [p.render(where) for p in located]
+        raise ConfigError(lines[0] if len(lines) == 1 else f"{len(lines)} problems:\n  " + "\n  ".join(lines))
+    assert cfg is not None
     return cfg
+
+
+def _from_flags(problem: config_problems.Problem | str, given: dict[str, Any]) -> bool:
+    return isinstance(problem, config_problems.Problem) and bool(problem.keys) and problem.keys[0] in given

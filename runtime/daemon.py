@@ -30,6 +30,8 @@ from runtime.tasks import TaskManager
 from runtime.protocol.core import Core
 from runtime.protocol.catalog import Catalog
 from runtime.fingerprints import fingerprint, stat_signature
+from runtime.plugin_secrets import SecretStore
+from runtime.scope import Scope
 from runtime.spares import Spares
 from runtime.spares import installed as spares_installed
 from runtime.processes import become_subreaper, serve_reaper, sweep_stale_scratch
@@ -72,8 +74,15 @@ class Daemon:
         #: Tasks (``runtime.tasks``), once the task store is open (None: ``toolcell call``, or no store).
         self.tasks: TaskManager | None = None
         self.ready = False
+        #: Set on SIGTERM for ``http.drain_s`` before the listeners close: ``/healthz`` says "draining"
+        #: (so a balancer stops sending) while requests are still served.
+        self.draining = False
+        #: The operator's values of plugins' secrets, and the placeholder key of this daemon run.
+        self.secrets = SecretStore(config.secrets, config.state_dir, config.egress_ca_file)
         #: The spare worker interpreter (``runtime.spares``), once serving.
         self.spares: Spares | None = None
+        #: Its configuration file and plugin set (``runtime.scope``), as ``toolcell serve`` names them.
+        self.scope: Scope | None = None
 
     # -- plugins and catalog -------------------------------------------------------------------
 
@@ -97,7 +106,7 @@ class Daemon:
             async with self._load_limiter:
                 try:
                     plugin = await load_plugin(path, self.nursery, self.config.policy, self.config.state_dir,
-                                               self.config.min_workers, describe_only)
+                                               self.config.min_workers, describe_only, self.secrets)
                 except Exception as exc:  # our bug, met by this folder: it is refused, the others load
                     log("internal_error", level="error", where="plugin load", path=str(path),
                         error=f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -320,15 +329,32 @@ async def open_daemon(config: Config, describe_only: bool = False) -> AsyncItera
                 daemon.spares = Spares(config.state_dir)
                 await nursery.start(daemon.spares.serve)
                 store = await _open_task_store(config)
+                # The store's upkeep (heartbeats, sweeps, mailboxes) stops, and has stopped, before the
+                # store closes: a heartbeat in flight on a closed store was a spurious
+                # `task_store_failed ... ClosedResourceError` at every exit.
+                upkeep = trio.CancelScope()
+                upkeep_stopped = trio.Event()
+
+                async def serve_upkeep(tasks: TaskManager, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                    try:
+                        with upkeep:
+                            await tasks.serve(task_status=task_status)
+                    finally:
+                        upkeep_stopped.set()
+
                 try:
                     if store is not None:
-                        daemon.tasks = TaskManager(daemon.core, daemon.calls, store, config.tasks, nursery)
-                        await nursery.start(daemon.tasks.serve)
+                        daemon.tasks = TaskManager(daemon.core, daemon.calls, store, config.tasks, nursery,
+                                                   catalog_fingerprint=lambda: daemon.catalog.fingerprint)
+                        await nursery.start(serve_upkeep, daemon.tasks)
                     with spares_installed(daemon.spares):
                         yield daemon
                 finally:
                     if store is not None:
                         with trio.CancelScope(shield=True):
+                            upkeep.cancel()
+                            if daemon.tasks is not None:
+                                await upkeep_stopped.wait()
                             await store.aclose()
         finally:
             await daemon.aclose()

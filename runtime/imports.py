@@ -39,6 +39,8 @@ import trio
 
 from runtime import approvals, installer
 from runtime.manifest import MANIFEST_NAME, ManifestError, load_manifest
+from runtime.progress import progress
+from runtime.registry_entry import RegistryProblem, read_server_json
 from runtime.server_spec import parse_package
 from runtime.config import BUNDLED_PLUGINS
 from runtime.plugins import discover
@@ -341,9 +343,9 @@ async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker
         except ManifestError as exc:
             raise ImportProblem("; ".join(exc.problems)) from None
         if manifest.server is not None and manifest.server.package:
-            print(f"installing {manifest.server.package} ...", file=sys.stderr)
-            env = await installer.install_package(parse_package(manifest.server.package), state_dir, None,
-                                                  manifest.server.bin)
+            async with progress(f"installing {manifest.server.package}", sys.stderr):
+                env = await installer.install_package(parse_package(manifest.server.package), state_dir, None,
+                                                      manifest.server.bin)
             lock = installer.lock_file(env)
             if lock is not None:
                 (staging / lock[0]).write_text(lock[1], encoding="utf-8")
@@ -369,6 +371,25 @@ def _grants_for(name: str, suggested: list[str], args: argparse.Namespace, asker
         read = _split_list(asker.text(f"{name}: folders it may only read", ",".join(read)))
         net = _split_list(asker.text(f"{name}: hosts it may reach (host:port)", ",".join(net)))
     return read, write, net
+
+
+def _paths_granted(name: str, named: list[str], read: list[str], write: list[str], asker: Asker, again: str) -> bool:
+    """Whether to go on when the server's arguments name folders it is granted neither to read nor to
+    write (it would fail at once, e.g. "Cannot access directory"): a person at a terminal is asked;
+    otherwise it is not created, and the command that grants them is printed."""
+    granted = [os.path.abspath(p) for p in read + write]
+    missing = [p for p in named
+               if not any(os.path.abspath(p) == g or os.path.abspath(p).startswith(g.rstrip("/") + "/") for g in granted)]
+    if not missing:
+        return True
+    grants = " ".join(f"--write {name}={p}" for p in missing)
+    print(f"toolcell: {name}: its arguments name {', '.join(missing)}, which it is granted neither to read nor "
+          f"to write: the sandbox would refuse it, and the server fail at once.\n"
+          f"  to grant them: {again} {grants} --replace   (--read {name}=PATH for read-only)", file=sys.stderr)
+    if asker.interactive:
+        return asker.confirm(f"Create {name} without access to {', '.join(missing)}?")
+    print(f"toolcell: {name}: not created", file=sys.stderr)
+    return False
 
 
 def _env_for(name: str, env: Any, inputs: dict[str, str], args: argparse.Namespace,
@@ -423,6 +444,10 @@ def cmd_import(args: argparse.Namespace, cfg: Any) -> int:
             server, suggested = translate(entry)
             server = trio.run(pin, server)
             read, write, net = _grants_for(raw_name, suggested, args, asker)
+            if not _paths_granted(raw_name, suggested, read, write, asker,
+                                  f"toolcell import {args.file} --only {raw_name}"):
+                failed += 1
+                continue
             allow, fixed = _env_for(raw_name, entry.get("env"), inputs, args, asker)
             text = manifest_text(name, f"{raw_name}, imported from {os.path.basename(args.file)}", server, allow, fixed,
                                  read, write, net)
@@ -442,15 +467,31 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
     asker = Asker(args.yes)
     try:
         into = _destination(args, cfg)
-        if args.spec.startswith(("npm:", "pypi:")):
-            pkg = parse_package(args.spec, pinned=False)
-            server = trio.run(pin, {"package": args.spec, "bin": args.bin or "", "args": list(args.args)})
-            name = plugin_name(args.name or pkg.name)
-            read, write, net = _grants_for(name, [a for a in args.args if a.startswith("/") and os.path.isdir(a)],
-                                           args, asker)
+        registry = args.spec.endswith(".json") and os.path.isfile(args.spec)
+        if args.spec.startswith(("npm:", "pypi:")) or registry:
             allow = sorted({v for v in (args.env or []) if "=" not in v})
             fixed = dict(v.split("=", 1) for v in (args.env or []) if "=" in v)
-            text = manifest_text(name, f"{pkg.name}, added with toolcell add", server, allow, fixed, read, write, net)
+            if registry:  # an MCP Registry entry (server.json): its package, arguments and variables
+                entry = read_server_json(Path(args.spec), list(args.args), asker.text)
+                for note in entry.notes:
+                    print(f"toolcell add: {note}", file=sys.stderr)
+                spec, argv, about = entry.server["package"], entry.server["args"], entry.description or entry.name
+                allow = sorted(set(allow) | {v for v in entry.env_allow if v not in fixed})
+                fixed = {**{k: v for k, v in entry.env_set.items() if k not in allow}, **fixed}
+                default_name = entry.name.rsplit("/", 1)[-1]
+            else:
+                spec, argv, about = args.spec, list(args.args), ""
+                default_name = ""
+            pkg = parse_package(spec, pinned=False)
+            server = trio.run(pin, {"package": spec, "bin": args.bin or "", "args": argv})
+            name = plugin_name(args.name or default_name or pkg.name)
+            named = [a for a in argv if a.startswith("/") and os.path.isdir(a)]
+            read, write, net = _grants_for(name, named, args, asker)
+            again = " ".join(["toolcell add", args.spec, *(f"--arg={a}" for a in args.args)])
+            if not _paths_granted(name, named, read, write, asker, again):
+                return 1
+            text = manifest_text(name, about or f"{pkg.name}, added with toolcell add", server, allow, fixed, read,
+                                 write, net)
             ok = trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell add {args.spec}", args.replace)
             return 0 if ok else 1
         source = Path(args.spec).resolve()
@@ -473,8 +514,15 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
         return 0
     except ManifestError as exc:
         print(f"toolcell add: {exc}", file=sys.stderr)
-    except (ImportProblem, approvals.ApprovalsError, ValueError, OSError) as exc:
+    except (ImportProblem, RegistryProblem, approvals.ApprovalsError, ValueError, OSError) as exc:
         print(f"toolcell add: {exc}", file=sys.stderr)
+    except installer.NoExecutableChosen as exc:
+        if exc.executables:
+            print(f"toolcell add: {args.spec} has several executables ({', '.join(exc.executables)}): say which runs "
+                  f"the server with --bin NAME, e.g. toolcell add {args.spec} --bin {exc.executables[0]}", file=sys.stderr)
+        else:
+            print(f"toolcell add: {args.spec} installs no executable, so there is no server to run: is it a library "
+                  "rather than an MCP server?", file=sys.stderr)
     except installer.InstallError as exc:
         print(f"toolcell add: {exc.reason}", file=sys.stderr)
     return 1
@@ -505,7 +553,8 @@ def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
     if not Asker(args.yes).confirm(f"Approve {manifest.name} with these permissions?"):
         return 1
     approvals.record(cfg.state_dir, manifest, str(path), "toolcell approve")
-    print(f"approved {manifest.name}; a running daemon picks it up at its next reload (toolcell reload)")
+    flags = "".join(f" --plugins {d}" for d in args.plugins or []) + (f" --config {args.config}" if args.config else "")
+    print(f"approved {manifest.name}; a running daemon picks it up at its next reload (toolcell reload{flags})")
     return 0
 
 
@@ -520,7 +569,8 @@ def register(sub: Any, common: Callable[..., None], config: Callable[..., Any]) 
         p.add_argument("--yes", action="store_true", help="approve without asking")
         p.add_argument("--replace", action="store_true", help="overwrite a plugin folder of the same name")
 
-    p = sub.add_parser("add", help="add a plugin: npm:PKG[@VERSION], pypi:PKG[==VERSION] or a plugin folder")
+    p = sub.add_parser("add", help="add a plugin: npm:PKG[@VERSION], pypi:PKG[==VERSION], an MCP Registry "
+                                   "server.json or a plugin folder")
     common(p)
     grants(p)
     p.add_argument("spec")

@@ -70,6 +70,15 @@ class InstallError(Exception):
         self.reason = reason
 
 
+class NoExecutableChosen(InstallError):
+    """A package with several executables (or none by its name), and no choice made: the manifest's
+    ``server.bin``, ``toolcell add``'s ``--bin``. ``executables`` are the ones it has."""
+
+    def __init__(self, reason: str, executables: list[str]) -> None:
+        super().__init__(reason)
+        self.executables = executables
+
+
 @dataclass(frozen=True)
 class Installed:
     """A ready environment: where it is, and how to run what it holds."""
@@ -616,8 +625,8 @@ def _pick(names: list[str], wanted: str, package: Package) -> str:
     for name in names:
         if name == base:
             return name
-    raise InstallError(f"{package} has {'no executable' if not names else 'several executables: ' + ', '.join(names)}"
-                       f"; name one with server.bin")
+    raise NoExecutableChosen(f"{package} has {'no executable' if not names else 'several executables: ' + ', '.join(names)}"
+                             f"; name one with server.bin", names)
 
 
 async def pypi_package(package: Package, state_dir: str, plugin_dir: str | None = None, bin_name: str = "") -> Installed:

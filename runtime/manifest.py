@@ -28,6 +28,9 @@ Example::
     read = ["/usr/share/zoneinfo"]
     write = []
 
+    [secrets.GITHUB_TOKEN]       # the worker sees a placeholder; the egress proxy puts the operator's
+    host = "api.github.com"      # value into requests to this host only (runtime.plugin_secrets)
+
     [tools.word_count]           # per tool (its name without the prefix); overrides the decorator
     task_support = "optional"    # forbidden | optional | required: may a call run as a task
     task_after_ms = 500          # 2026-07-28: a task only if not finished after 500 ms
@@ -43,9 +46,11 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from runtime import declared_bounds, plugin_files
-from runtime.egress_rules import parse_entry
+from runtime import config_problems, plugin_files
+from runtime.config_problems import Located, Problem
+from runtime.egress_rules import Entry, parse_entry
 from runtime.plugin_files import excerpt
+from runtime.plugin_secrets import SecretSpec, check_bindings
 from runtime.server_spec import ServerSpec, check_requirements, check_server
 from sandbox.wire import Limits, Permissions
 
@@ -103,15 +108,23 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     permissions: Permissions = Permissions()
     #: Per-tool policy by the tool's name in the plugin (without the prefix).
     tools: dict[str, ToolPolicy] = {}
+    #: Secrets by variable name, each bound to the one host it is sent to (``runtime.plugin_secrets``).
+    secrets: dict[str, SecretSpec] = {}
 
 
 class ManifestError(Exception):
-    """A manifest that cannot be used; ``problems`` lists every issue found."""
+    """A manifest that cannot be used; ``problems`` lists every issue found, ``located`` the same
+    with where each one is in the file (``located()`` renders them as ``file:line:column: ...``)."""
 
-    def __init__(self, path: Path, problems: list[str]) -> None:
+    def __init__(self, path: Path, problems: list[str], located: list[Located] | None = None) -> None:
         self.path = path
         self.problems = problems
+        self._located = located if located is not None else [Located(None, p) for p in problems]
         super().__init__(f"{path}: " + "; ".join(problems))
+
+    def located(self) -> list[str]:
+        """Each problem as ``file:line:column: problem`` (``file: problem`` when it is nowhere in particular)."""
+        return [p.render(str(self.path)) for p in self._located]
 
 
 def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
@@ -143,11 +156,13 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
             problems.append(f"env: {excerpt(var)} is not a variable name")
         elif _ENV_FORBIDDEN.match(var):
             problems.append(f"env: {excerpt(var)} may not be passed to a plugin")
+    entries: list[Entry] = []
     for entry in m.permissions.network:
         try:
-            parse_entry(entry)
+            entries.append(parse_entry(entry))
         except ValueError as exc:
             problems.append(f"permissions.network: {exc} (use host:port, *.domain:port, an IP or [IPv6]:port)")
+    problems.extend(check_bindings(m.secrets, entries, [*m.env.allow, *m.env.set]))
     for kind, paths in (("read", m.permissions.read), ("write", m.permissions.write)):
         for p in paths:
             if not p.startswith("/"):
@@ -178,17 +193,17 @@ def load_manifest(plugin_dir: Path) -> Manifest:
         raise ManifestError(path, ["not valid TOML: nested too deeply"]) from None
     except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: a 5,000-digit integer
         raise ManifestError(path, [f"not valid TOML: {str(exc)[:300]}"]) from None
-    # Declared bounds first, every one; the rest is decoded without the offending values, so that
-    # its own problems are reported in the same go.
+    # Every decoding problem first (bounds, unknown keys, types); the rest is decoded without the
+    # offending values, so that the semantic checks report theirs in the same go.
     try:
-        violated = declared_bounds.violations(raw, Manifest)
-        problems = [message for _keys, message in violated]
-        manifest = msgspec.convert(declared_bounds.without(raw, violated), Manifest)
-    except msgspec.ValidationError as exc:
-        raise ManifestError(path, problems + [str(exc)]) from None
+        manifest, decoding = config_problems.decode(raw, Manifest)
+        found: list[Problem | str] = list(decoding)
+        if manifest is not None:
+            found += check_manifest(manifest, plugin_dir)
+        located = config_problems.locate_all(text, found)
     except (RecursionError, ValueError, TypeError, OverflowError) as exc:
         raise ManifestError(path, [f"cannot be read as a manifest: {type(exc).__name__}: {str(exc)[:200]}"]) from None
-    problems += check_manifest(manifest, plugin_dir)
-    if problems:
-        raise ManifestError(path, problems)
+    if located:
+        raise ManifestError(path, [p.message for p in located], located)
+    assert manifest is not None
     return manifest

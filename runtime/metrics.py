@@ -95,6 +95,17 @@ class _Live:
         tools = GaugeMetricFamily("toolcell_tools", "Tools in the catalog")
         tools.add_metric([], len(daemon.catalog))
         yield tools
+        catalog = GaugeMetricFamily("toolcell_catalog_info", "The fingerprint of the tools served (replicas of one "
+                                    "service should all show the same)", labels=["fingerprint"])
+        catalog.add_metric([daemon.catalog.fingerprint], 1)
+        yield catalog
+        differing = GaugeMetricFamily("toolcell_catalog_differing_replicas",
+                                      "Daemons sharing this task store that serve another catalog")
+        differing.add_metric([], len(daemon.tasks.catalogs_differing()) if daemon.tasks is not None else 0)
+        yield differing
+        draining = GaugeMetricFamily("toolcell_draining", "1 while the daemon drains before it stops (SIGTERM)")
+        draining.add_metric([], 1 if daemon.draining else 0)
+        yield draining
         plugins = GaugeMetricFamily("toolcell_plugins", "Plugins by state", labels=["state"])
         plugins.add_metric(["loaded"], len(daemon.plugins))
         plugins.add_metric(["refused"], len(daemon.failed))

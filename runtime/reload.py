@@ -21,12 +21,14 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
+from runtime import scope as scopes
 from runtime.fingerprints import SKIP_DIRS, SKIP_SUFFIXES
 from runtime.logs import log
+from runtime.scope import Scope
 
 if TYPE_CHECKING:
     from runtime.daemon import Daemon
@@ -45,18 +47,27 @@ def pidfile_path(state_dir: str, pid: int | None = None) -> str:
     return os.path.join(state_dir, f"{PIDFILE_PREFIX}{os.getpid() if pid is None else pid}.pid")
 
 
-def write_pidfile(state_dir: str, serving: str = "") -> str:
-    """Write this daemon's pidfile: its pid, then what it serves (addresses, plugin folders)."""
+def write_pidfile(state_dir: str, serving: str = "", scope: Scope | None = None) -> str:
+    """Write this daemon's pidfile: its pid, what it serves (addresses, plugin folders), its scope
+    (``runtime.scope``: which ``toolcell reload`` and ``toolcell tasks`` mean it by default)."""
     os.makedirs(state_dir, mode=0o711, exist_ok=True)
     path = pidfile_path(state_dir)
     with open(path, "w") as f:
-        f.write(f"{os.getpid()}\n{serving}\n")
+        f.write(f"{os.getpid()}\n{serving}\n{scopes.encode(scope) if scope is not None else ''}\n")
     return path
 
 
-def running_daemons(state_dir: str) -> list[tuple[int, str]]:
-    """(pid, what it serves) of every daemon with a pidfile in ``state_dir`` whose process is alive;
-    pidfiles of daemons that are gone are removed."""
+class RunningDaemon(NamedTuple):
+    pid: int
+    #: What it serves, as its pidfile says.
+    serving: str
+    #: Its configuration and plugin set (None: a daemon from before scopes were recorded).
+    scope: Scope | None
+
+
+def running_daemons(state_dir: str) -> list[RunningDaemon]:
+    """Every daemon with a pidfile in ``state_dir`` whose process is alive; pidfiles of daemons that
+    are gone are removed."""
     found = []
     try:
         names = sorted(os.listdir(state_dir))
@@ -79,7 +90,8 @@ def running_daemons(state_dir: str) -> list[tuple[int, str]]:
             continue
         except (OSError, ValueError):
             continue
-        found.append((pid, lines[1].strip() if len(lines) > 1 else ""))
+        found.append(RunningDaemon(pid, lines[1].strip() if len(lines) > 1 else "",
+                                   scopes.decode(lines[2]) if len(lines) > 2 and lines[2].strip() else None))
     return found
 
 
@@ -193,7 +205,13 @@ async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
 async def serve_reloaders(daemon: Daemon) -> None:
     """Everything that triggers reloads for a serving daemon: pidfile, SIGHUP, the file watcher."""
     serving = getattr(daemon, "serving", "") or "plugins " + ", ".join(daemon.config.plugins)
-    path = write_pidfile(daemon.config.state_dir, serving)
+    scope = getattr(daemon, "scope", None) or scopes.scope_of(None, daemon.config.plugins)
+    path = write_pidfile(daemon.config.state_dir, serving, scope)
+    if daemon.tasks is not None:
+        try:
+            scopes.record_owner(daemon.config.state_dir, scope, daemon.tasks.owner)
+        except OSError as exc:  # `toolcell tasks` will not know this daemon's tasks as its scope's
+            log("scope_record_failed", level="warning", error=str(exc))
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(serve_sighup, daemon)

@@ -1,7 +1,8 @@
 """``toolcell serve``: one daemon (one catalog, one set of worker pools) behind every transport.
 
 stdio, Streamable HTTP on TCP and on a unix socket can run at once. SIGTERM or SIGINT starts a
-graceful shutdown: listeners stop accepting, long-lived streams end, in-flight requests get
+graceful shutdown: with ``http.drain_s``, ``/healthz`` first says "draining" that long while
+everything is still served (a balancer takes the replica out); then listeners stop accepting, long-lived streams end, in-flight requests get
 ``http.shutdown_grace_s`` to finish, then the workers are killed; a second signal stops at once.
 End of stdin (when serving stdio) shuts the whole daemon down the same way: the process that
 started us over stdio is gone.
@@ -24,6 +25,7 @@ import trio
 from runtime import logs, systemd
 from runtime.config import Config
 from runtime.http_config import parse_listen
+from runtime.scope import Scope
 from sandbox.isolation import cgroups
 from runtime.audit import AuditLog
 from runtime.daemon import open_daemon
@@ -52,15 +54,28 @@ async def _notify_stopping(notifier: systemd.Notifier, shutdown: trio.Event) -> 
     notifier.notify("STOPPING=1", "STATUS=draining: finishing the calls in flight")
 
 
-async def _watch_signals(shutdown: trio.Event, hard_stop: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            if shutdown.is_set():
-                logs.log("shutdown_forced", level="warning", signal=signal.Signals(signum).name)
-                hard_stop.cancel()
-                return
-            logs.log("shutdown_started", signal=signal.Signals(signum).name)
-            shutdown.set()
+async def _drain_then_shut_down(daemon: Any, shutdown: trio.Event, drain_s: float) -> None:
+    """``/healthz`` says "draining" for ``drain_s`` while everything is still served (a balancer's
+    health check takes the replica out meanwhile), then the graceful shutdown begins."""
+    daemon.draining = True
+    logs.log("draining", seconds=drain_s, note="/healthz answers 503 draining; requests are still served")
+    await trio.sleep(drain_s)
+    shutdown.set()
+
+
+async def _watch_signals(daemon: Any, shutdown: trio.Event, hard_stop: trio.CancelScope, drain_s: float) -> None:
+    async with trio.open_nursery() as nursery:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if shutdown.is_set() or daemon.draining:
+                    logs.log("shutdown_forced", level="warning", signal=signal.Signals(signum).name)
+                    hard_stop.cancel()
+                    return
+                logs.log("shutdown_started", signal=signal.Signals(signum).name)
+                if drain_s > 0:
+                    nursery.start_soon(_drain_then_shut_down, daemon, shutdown, drain_s)
+                else:
+                    shutdown.set()
 
 
 def ensure_bindable(address: tuple[str, int]) -> None:
@@ -82,7 +97,7 @@ def ensure_bindable(address: tuple[str, int]) -> None:
 
 
 async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, unix: str | None = None,
-                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+                scope: Scope | None = None, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until shut down. ``http`` is ``HOST:PORT`` ("" for the configured/default address)."""
     hcfg = cfg.http
     leaf = cgroups.enter_daemon_leaf()  # a delegated cgroup v2 (Delegate=yes, a container): workers beside us
@@ -107,6 +122,7 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
     if hcfg.metrics_listen and (listen is not None or unix or passed or stdio):
         ensure_bindable(parse_listen(hcfg.metrics_listen, default_port=9464))
     async with open_daemon(cfg) as daemon:
+        daemon.scope = scope
         audit: Any = None
         metrics: Any = None
         if hcfg.audit_log:
@@ -122,7 +138,7 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
         urls: list[str] = []
         try:
             async with trio.open_nursery() as outer:
-                outer.start_soon(_watch_signals, shutdown, outer.cancel_scope)
+                outer.start_soon(_watch_signals, daemon, shutdown, outer.cancel_scope, hcfg.drain_s)
                 outer.start_soon(_answer_calls_at_grace_end, daemon, shutdown, hcfg.shutdown_grace_s)
                 outer.start_soon(_notify_stopping, notifier, shutdown)
                 outer.start_soon(serve_reloaders, daemon)

@@ -14,6 +14,7 @@ import msgspec
 import trio
 
 from runtime.config import Config
+from runtime.scope import owners_of, scope_of
 from runtime.task_store import TaskRecord, TaskStore, parse_store_url, redact_store_url, wall_clock_ms
 from runtime.task_store_open import open_task_store
 
@@ -30,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="the task store: sqlite:///PATH, redis://HOST:PORT/DB, unix:///PATH (default: the config's)")
         q.add_argument("--principal", default=default, metavar="P", help="only this principal's tasks")
         q.add_argument("--json", action="store_true", default=default, help="print JSON instead of a table")
+        q.add_argument("--plugins", action="append", default=default, metavar="DIR",
+                       help="the plugin folder(s) of the daemon whose tasks to list (as given to serve; repeatable)")
+        q.add_argument("--all", action="store_true", default=default,
+                       help="every daemon's tasks in the store, not only those of this configuration's daemons")
 
     common(p, None)
     p.add_argument("--limit", type=int, default=1000, metavar="N", help="show at most N tasks, newest first")
@@ -127,6 +132,8 @@ def run_tasks_command(cfg: Config, args: argparse.Namespace, table: Table) -> in
             return 1
         print(json.dumps(_as_json(rec, True), indent=2, ensure_ascii=False) if args.json else _details(rec))
         return 0
+    if args.store is None and not args.all:
+        records = _of_this_scope(records, cfg, args)
     if args.json:
         print(json.dumps([_as_json(r, False) for r in records], indent=2, ensure_ascii=False))
         return 0
@@ -136,6 +143,18 @@ def run_tasks_command(cfg: Config, args: argparse.Namespace, table: Table) -> in
             for r in records]
     print(table(rows, _HEADERS))
     return 0
+
+
+def _of_this_scope(records: list[TaskRecord], cfg: Config, args: argparse.Namespace) -> list[TaskRecord]:
+    """The tasks run by daemons of this configuration and plugin set (``runtime.scope``); says on
+    stderr how many others the store holds. An explicit ``--store`` or ``--all`` shows them all."""
+    scope = scope_of(args.config, cfg.plugins)
+    owners = owners_of(cfg.state_dir, scope, bool(args.plugins))
+    mine = [r for r in records if r.owner in owners]
+    if len(mine) < len(records):
+        print(f"toolcell tasks: {len(records) - len(mine)} task(s) of daemons with another configuration not shown "
+              f"(this one: {scope.describe()}); --all shows every task in the store", file=sys.stderr)
+    return mine
 
 
 _HEADERS = ["ID", "PRINCIPAL", "TOOL", "STATUS", "AGE", "TTL"]

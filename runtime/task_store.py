@@ -231,6 +231,12 @@ class TaskStore(Protocol):
         """The owner says it is alive."""
         ...
 
+    async def compare_catalogs(self, owner: str, fingerprint: str, now_ms: int) -> dict[str, str]:
+        """Record the fingerprint of the catalog ``owner`` serves; return the fingerprints of every
+        daemon sharing the store that heartbeated within ``orphan_after_ms`` (``owner`` included), so
+        that replicas behind one balancer can tell when their plugins differ."""
+        ...
+
     async def inspect(self, task_id: str) -> TaskRecord | None:
         """Operator view (``toolcell tasks show``): the task whatever its principal, unless expired.
         Never reachable from a client request."""

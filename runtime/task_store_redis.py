@@ -13,6 +13,7 @@ Keys, under ``<namespace>:`` (one Redis database may hold several namespaces):
 - ``principal:<p>`` and ``all``: sorted sets of ``<created, 16 digits>:<id>`` (all scores 0, so
   ordered by creation), for paging; ``live:<p>``: the principal's non-terminal task ids (the cap);
 - ``owned:<owner>``: an owner's non-terminal task ids; ``owners``: owner -> last heartbeat (ms);
+- ``catalogs``: owner -> ``<seen ms> <catalog fingerprint>`` (replicas compare their plugins);
 - ``expiry``: a sorted set by deadline of what ``expire`` must clean from the indexes once the
   task's own key has gone.
 
@@ -492,6 +493,27 @@ class RedisTaskStore:
 
     async def heartbeat(self, owner: str, now_ms: int) -> None:
         await self._script("heartbeat", [f"{self._p}owners"], [owner, now_ms], lambda _: None)
+
+    async def compare_catalogs(self, owner: str, fingerprint: str, now_ms: int) -> dict[str, str]:
+        stale_before = now_ms - self.limits.orphan_after_ms
+        key = f"{self._p}catalogs"
+
+        def compare(client: redis.Redis) -> dict[str, str]:
+            # One hash field per daemon: "<seen ms> <fingerprint>"; fields of silent daemons are dropped.
+            client.hset(key, owner, f"{now_ms} {fingerprint}")
+            out: dict[str, str] = {}
+            stale: list[bytes] = []
+            for raw_owner, value in cast(dict[bytes, bytes], client.hgetall(key)).items():
+                seen, _, found = value.decode(errors="replace").partition(" ")
+                if not seen.isdigit() or int(seen) < stale_before:
+                    stale.append(raw_owner)
+                else:
+                    out[raw_owner.decode(errors="replace")] = found
+            if stale:
+                client.hdel(key, *stale)
+            return out
+
+        return await self._call(compare)
 
     async def recover_orphans(self, owner_alive: OwnerVerdict | None, now_ms: int, reason: str) -> int:
         stale_before = now_ms - self.limits.orphan_after_ms

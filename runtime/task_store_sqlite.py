@@ -81,6 +81,11 @@ CREATE TABLE IF NOT EXISTS owners (
     owner TEXT PRIMARY KEY,
     heartbeat_ms INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS catalogs (
+    owner TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    seen_ms INTEGER NOT NULL
+);
 """
 
 _LIVE_SQL = "status IN ('working', 'input_required')"
@@ -381,6 +386,19 @@ class SqliteTaskStore:
             conn.execute(_HEARTBEAT_SQL, (owner, now_ms))
 
         await self._run(beat, write=True)
+
+    async def compare_catalogs(self, owner: str, fingerprint: str, now_ms: int) -> dict[str, str]:
+        stale_before = now_ms - self.limits.orphan_after_ms
+
+        def compare(conn: sqlite3.Connection) -> dict[str, str]:
+            conn.execute("INSERT INTO catalogs (owner, fingerprint, seen_ms) VALUES (?, ?, ?) ON CONFLICT (owner) "
+                         "DO UPDATE SET fingerprint = excluded.fingerprint, seen_ms = excluded.seen_ms",
+                         (owner, fingerprint, now_ms))
+            conn.execute("DELETE FROM catalogs WHERE seen_ms < ?", (stale_before,))
+            rows = conn.execute("SELECT owner, fingerprint FROM catalogs").fetchall()
+            return {o: f for o, f in rows if type(o) is str and type(f) is str}
+
+        return await self._run(compare, write=True)
 
     async def recover_orphans(self, owner_alive: OwnerVerdict | None, now_ms: int, reason: str) -> int:
         stale_before = now_ms - self.limits.orphan_after_ms

@@ -23,7 +23,9 @@ How this works:
   on it (server->client requests carrying the related-task ``_meta``); a 2026-07-28 client answers
   with ``tasks/update``. ``notifications/tasks`` (2026-07-28 ``subscriptions/listen`` with
   ``taskIds``) and ``notifications/tasks/status`` (2025-11-25, to the connection that created the
-  task) report transitions of the tasks this daemon runs.
+  task) report transitions of the tasks this daemon runs; a listen naming a task another daemon
+  runs (replicas behind a balancer) is served from the store: ``serve`` reads such tasks every
+  ``MAILBOX_POLL_S`` and reports each transition made since the listen began (``_watch_remote``).
 * ``serve`` heartbeats for this daemon, fails the tasks of daemons that died (``recover_orphans``:
   a task is never left ``working``), expires old tasks and drains the mailboxes of local tasks.
 """
@@ -277,7 +279,8 @@ class TaskManager:
     """Every task this daemon creates, runs or answers for (see the module docstring)."""
 
     def __init__(self, core: Core, calls: CallDispatcher, store: TaskStore, config: TasksConfig,
-                 nursery: trio.Nursery, owner: str | None = None) -> None:
+                 nursery: trio.Nursery, owner: str | None = None,
+                 catalog_fingerprint: Callable[[], str] | None = None) -> None:
         self.core = core
         self.calls = calls
         self.store = store
@@ -287,7 +290,15 @@ class TaskManager:
         self.running: dict[str, TaskRun] = {}
         #: ``notifications/tasks`` subscriptions: task id -> (principal, sink, subscription id bytes).
         self.listeners: dict[str, list[tuple[str, Sink, bytes]]] = {}
+        #: Listened tasks: the ``updated_at_ms`` of the last transition reported (at first, when the
+        #: listen began), and those reported finished (nothing more will change).
+        self._reported: dict[str, int] = {}
+        self._reported_final: set[str] = set()
         self.stats = {"created": 0, "completed": 0, "failed": 0, "cancelled": 0, "recovered": 0}
+        #: The fingerprint of the catalog this daemon serves, compared at each heartbeat with those of
+        #: the other daemons sharing the store (``catalogs``: owner -> fingerprint, this one included).
+        self._catalog_fingerprint = catalog_fingerprint
+        self.catalogs: dict[str, str] = {}
 
     async def guarded(self, work: Awaitable[Any], task_id: str = "") -> None:
         """Run background work of a task: a failure (the store is down, our bug) is logged, and never
@@ -390,6 +401,10 @@ class TaskManager:
 
     def _notify(self, record: TaskRecord, run: TaskRun | None) -> None:
         view = _view(record)
+        if record.task_id in self.listeners:
+            self._reported[record.task_id] = max(self._reported.get(record.task_id, 0), record.updated_at_ms)
+            if record.terminal:
+                self._reported_final.add(record.task_id)
         for principal, sink, sub_id in self.listeners.get(record.task_id, ()):
             if principal == record.principal:
                 params = task_shapes.modern_detailed(view, result_type=False)
@@ -402,8 +417,10 @@ class TaskManager:
     def subscribe(self, principal: str, task_ids: tuple[str, ...], sink: Sink, sub_id: bytes) -> Callable[[], None]:
         """``notifications/tasks`` for ``task_ids`` on ``sink``; returns the unsubscribe function."""
         entry = (principal, sink, sub_id)
+        since = wall_clock_ms() - 1
         for task_id in task_ids:
             self.listeners.setdefault(task_id, []).append(entry)
+            self._reported.setdefault(task_id, since)
 
         def unsubscribe() -> None:
             for task_id in task_ids:
@@ -412,6 +429,8 @@ class TaskManager:
                     entries.remove(entry)
                     if not entries:
                         del self.listeners[task_id]
+                        self._reported.pop(task_id, None)
+                        self._reported_final.discard(task_id)
 
         return unsubscribe
 
@@ -569,6 +588,22 @@ class TaskManager:
 
     # -- the background work -----------------------------------------------------------------------
 
+    def catalogs_differing(self) -> list[str]:
+        """The daemons sharing the store whose catalog is not this one's (as of the last heartbeat)."""
+        mine = self.catalogs.get(self.owner)
+        return sorted(o for o, f in self.catalogs.items() if mine is not None and f != mine)
+
+    async def _beat(self) -> None:
+        now_ms = wall_clock_ms()
+        await self.store.heartbeat(self.owner, now_ms)
+        if self._catalog_fingerprint is not None:
+            before = self.catalogs_differing()
+            self.catalogs = await self.store.compare_catalogs(self.owner, self._catalog_fingerprint(), now_ms)
+            differing = self.catalogs_differing()
+            if differing and differing != before:  # said once per change, not at every heartbeat
+                log("catalog_differs", level="warning", replicas=differing,
+                    note="daemons sharing this task store serve different plugins")
+
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Heartbeats, recovery of dead daemons' tasks, expiry, and the mailboxes of local tasks."""
         cfg = self.config
@@ -579,7 +614,7 @@ class TaskManager:
                 self.stats["recovered"] += recovered
                 log("tasks_recovered", level="warning", count=recovered,
                     note="tasks left running by a daemon that is gone are failed")
-            await self.store.heartbeat(self.owner, wall_clock_ms())
+            await self._beat()
         except Exception as exc:  # noqa: BLE001 (the loop below retries; tools are served meanwhile)
             log("task_store_failed", level="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         task_status.started()
@@ -589,10 +624,12 @@ class TaskManager:
             try:
                 if self.running:
                     await self._read_mailboxes()
+                if len(self._reported) > len(self._reported_final):
+                    await self._watch_remote()
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + cfg.heartbeat_s
-                    await self.store.heartbeat(self.owner, wall_clock_ms())
+                    await self._beat()
                 if now >= next_sweep:
                     next_sweep = now + max(5.0, cfg.heartbeat_s)
                     count = await self.store.recover_orphans(local_owner_verdict(self.owner), wall_clock_ms(),
@@ -602,6 +639,26 @@ class TaskManager:
             except Exception as exc:  # the store is down (or our bug): log, try again, keep serving
                 log("task_store_failed", level="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
                 await trio.sleep(1.0)
+
+    async def _watch_remote(self) -> None:
+        """Report the transitions of listened tasks that another daemon runs (or ran): read from the
+        store, each one newer than the last reported; the reads go out together (one pipeline)."""
+        watched = [t for t in self._reported if t not in self.running and t not in self._reported_final]
+        found: dict[str, TaskRecord | None] = {}
+
+        async def read(task_id: str) -> None:
+            found[task_id] = await self.store.inspect(task_id)
+
+        async with trio.open_nursery() as nursery:
+            for task_id in watched:
+                nursery.start_soon(read, task_id)
+        for task_id, record in found.items():
+            if record is None or task_id in self.running or task_id not in self._reported:
+                continue
+            if record.updated_at_ms > self._reported[task_id]:
+                self._notify(record, None)
+            elif record.terminal:  # it ended before the listen began: nothing more to report
+                self._reported_final.add(task_id)
 
     async def _read_mailboxes(self) -> None:
         mail = await self.store.take(list(self.running))

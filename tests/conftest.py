@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from skip_reasons import pytest_runtest_makereport  # noqa: F401 (a hook: the reason of a skip in a trio test)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -113,6 +113,6 @@ def build(plugins: Path, secret: Path) -> dict[str, str | None]:
             kind.make(folder / file_name, cap, secret)
             says = kind.says
             if target == "manifest" and kind_name == "empty":
-                says = "missing required field"
+                says = "missing required key 'name'"
             expected[name] = says
     return expected

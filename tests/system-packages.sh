@@ -1,11 +1,12 @@
 #!/bin/sh
 # Installs the Debian packages the test suite uses as real peers (a real redis-server for the shared
-# task store, a real Chromium to open the benchmark's HTML report), when they are missing. Part of
-# the README's test command, so a fresh machine (and CI's clean clone) gets them too.
+# task store, a real Chromium to open the benchmark's HTML report, haproxy in front of replicas),
+# when they are missing. Part of the README's test command, so a fresh machine (and CI's clean
+# clone) gets them too.
 # podman: tests/deploy builds and runs the image with it (and skips, saying why, when no base image
 # can be pulled).
 set -eu
-packages="redis-server chromium podman"
+packages="redis-server chromium haproxy podman"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

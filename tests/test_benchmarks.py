@@ -67,3 +67,15 @@ def test_run_py_measures_a_running_http_server_given_by_url(tmp_path: Path) -> N
     finally:
         server.kill()
         server.wait()
+
+
+def test_scale_out_measures_replicas_behind_haproxy_beside_a_direct_replica_and_the_balancers_ceiling() -> None:
+    argv = [sys.executable, str(REPO / "benchmarks" / "scale_out.py"), "--duration", "0.5", "--repeat", "1",
+            "--concurrency", "4", "--idle", "0.5"]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| ")}
+    for name in ("direct", "haproxy-1", "haproxy-2", "haproxy-3", "haproxy-trivial", "ceiling (http)"):
+        assert name in rows, proc.stdout
+        errors = rows[name].rstrip(" |").rsplit("|", 1)[1].strip()
+        assert errors == "0", rows[name]

@@ -222,19 +222,19 @@ class ChildProcess:
                 raise WorkerFailure("crashed", "the worker process exited unexpectedly")
             return data
 
-    async def handshake(self, init: wire.Init, nursery: trio.Nursery, grant: Grant, name: str,
-                        policy: str) -> wire.Ready:
+    async def handshake(self, init: wire.Init, nursery: trio.Nursery, spec: PoolSpec, grant: Grant) -> wire.Ready:
         """Send ``init`` and wait for ``Ready`` (serving the egress socket, if one comes first).
 
         Raises ``PluginLoadError`` (the child said it cannot load, or is not isolated as the policy
         wants) or ``WorkerFailure`` (it crashed or misbehaved)."""
+        name, policy = spec.manifest.name, spec.policy
         if not self.write(wire.encode_frame(init)):
             raise WorkerFailure("crashed", "the worker process exited unexpectedly")
         try:
             msg = await self.read_message(with_fds=True)
             if isinstance(msg, wire.EgressListener):
                 self.egress = egress.start_proxy(nursery, grant, name, self.pid, self.fds, msg.port,
-                                                 self.egress is not None)
+                                                 self.egress is not None, spec.secrets)
                 msg = await self.read_message(with_fds=True)
         finally:
             self.close_fds()

@@ -250,9 +250,9 @@ class Instance:
         assert child is not None
         m = runner.spec.manifest
         init = wire.Init(plugin_name=m.name, plugin_dir=runner.spec.plugin_dir, entry="", sys_path=WORKER_SYS_PATH,
-                         env=env, limits=m.limits, permissions=m.permissions, policy=runner.spec.policy,
+                         env=env, limits=m.limits, permissions=runner.spec.permissions(), policy=runner.spec.policy,
                          scratch_dir=child.scratch, command=list(runner.argv), command_read=list(runner.command_read))
-        msg = await child.handshake(init, runner.nursery, runner.grant, runner.name, runner.spec.policy)
+        msg = await child.handshake(init, runner.nursery, runner.spec, runner.grant)
         self.runner.layers = list(msg.layers)
         return msg
 

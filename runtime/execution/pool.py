@@ -15,7 +15,10 @@ How this works:
   started, are taken back (``_take_back``: a ``CancelCall`` each, answered unrun to a stub) and go to
   the front of the pool's queue, so a slow question never holds up a fast call.
 * Each worker has one reader task that matches ``Result`` frames to the calls in order and relays
-  progress/log frames. The calling task waits on its slot.
+  progress/log frames. The calling task waits on its slot. A call's ``Result`` answers its client at
+  once, but the worker stays busy with it, and its deadline runs, until the worker's runtime sends
+  ``CallReturned`` (plugin code shares the worker's process and can write a ``Result`` of its own,
+  then run on); a second ``Result``, or ``CallReturned`` before any, ends the worker.
 * A call's deadline starts when the call starts running (it heads its worker's queue), as a cancel
   scope deadline. Expiry, client cancellation of a running call, a crash, garbage on the channel or
   an over-size frame all end the same way: the worker's whole process tree is killed (process group,
@@ -364,6 +367,11 @@ class WorkerPool(CallsInFlight):
                 if not head.finished:
                     head.error = error
                     self._complete(head)
+                elif head.result is not None and error.kind != "unavailable":
+                    # Its client has its answer; nobody else hears why the worker ended.
+                    log("worker_killed_after_answer", level="warning", plugin=self.name, pid=worker.pid,
+                        tool=head.call.tool, reason=error.message,
+                        note="the call was answered, but its code had not returned (sandbox.wire, CallReturned)")
             for slot in reversed(rest):
                 if slot.finished:
                     continue
@@ -466,9 +474,8 @@ class WorkerPool(CallsInFlight):
         return True
 
     def result(self, worker: PoolWorker, head: CallSlot, msg: wire.Result) -> None:
-        """``worker`` answered its running call ``head`` (checked by its reader)."""
-        pending = worker.pending
-        pending.popleft()
+        """``worker`` answered its running call ``head`` (checked by its reader): the client hears it now;
+        the worker stays busy with it until ``returned``."""
         head.result = msg
         worker.calls += 1
         if PHASES.on:
@@ -476,9 +483,14 @@ class WorkerPool(CallsInFlight):
         self._complete(head)
         if msg.retire is not None:
             # Calls sent after this one never run there: back to the pool's queue.
+            worker.pending.popleft()
             log("worker_retired", level="warning", plugin=self.name, pid=worker.pid, reason=str(msg.retire)[:300])
             self.fail_worker(worker, WorkerFailure("unavailable", "the worker retired"), head_started=False)
-            return
+
+    def returned(self, worker: PoolWorker) -> None:
+        """``worker``'s runtime says its running call's code returned: the worker is free for the next."""
+        pending = worker.pending
+        pending.popleft()
         if pending:
             self._start_deadline(pending[0])
         else:
@@ -497,6 +509,8 @@ class WorkerPool(CallsInFlight):
     def _timed_out(self, slot: CallSlot, worker: PoolWorker) -> None:
         if worker.dead or not worker.pending or worker.pending[0] is not slot:
             return  # ended earlier in this pass
+        # Also when answered: its code has not returned (plugin code wrote a Result itself and ran on),
+        # so it is killed all the same (logged by fail_worker).
         self.fail_worker(worker, WorkerFailure("timeout", f"timed out after {_fmt_s(self.limits.timeout_s)}"))
 
     def relay(self, slot: CallSlot, msg: Any, size: int) -> None:

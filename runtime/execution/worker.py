@@ -44,6 +44,7 @@ class WorkerEvents(Protocol):
     grant: Grant
 
     def result(self, worker: Any, head: CallSlot, msg: wire.Result) -> None: ...
+    def returned(self, worker: Any) -> None: ...
     def relay(self, slot: CallSlot, msg: Any, size: int) -> None: ...
     def ask(self, slot: CallSlot, msg: wire.Ask, worker: Any) -> None: ...
     def fail_worker(self, worker: Any, error: WorkerFailure, requeue: bool = True,
@@ -83,7 +84,7 @@ class ProcessWorkers:
             sys_path=[*self.spec.extra_sys_path, *WORKER_SYS_PATH],
             env=env,
             limits=m.limits,
-            permissions=m.permissions,
+            permissions=self.spec.permissions(),
             policy=self.spec.policy,
             scratch_dir=scratch,
             mode=m.isolation,
@@ -109,8 +110,7 @@ class ProcessWorkers:
         nursery.start_soon(worker.channel.serve, lambda: _broken(pool, worker))
         try:
             with trio.fail_after(START_TIMEOUT_S):
-                ready = await worker.handshake(self._init_frame(worker.scratch, env), nursery, pool.grant,
-                                               pool.name, self.spec.policy)
+                ready = await worker.handshake(self._init_frame(worker.scratch, env), nursery, self.spec, pool.grant)
         except PluginLoadError:
             worker.kill()
             raise
@@ -176,15 +176,26 @@ async def read_frames(pool: WorkerEvents, worker: Worker) -> None:
                 head = pending[0] if pending else None
                 kind = type(msg)
                 if kind is wire.Result:
+                    # The answer goes to the client now; the worker stays busy, and the call's
+                    # deadline runs, until its runtime says the call's code returned (CallReturned):
+                    # plugin code can write a Result of its own and run on (``sandbox.wire``).
                     if head is None or msg.id != head.call.id:
                         raise WorkerFailure("garbage", "the worker answered a call it was not given")
+                    if head.result is not None:
+                        raise WorkerFailure("garbage", "the worker answered the same call twice")
                     worker_frames.check_result(msg)
                     if msg.killed:
                         msg = name_kill(worker, msg, pool.limits)
                     pool.result(worker, head, msg)
-                elif (kind is wire.Progress or kind is wire.Log) and head is not None and msg.id == head.call.id:
+                elif kind is wire.CallReturned:
+                    if head is None or msg.id != head.call.id or head.result is None:
+                        raise WorkerFailure("garbage", "the worker said a call returned before answering it")
+                    pool.returned(worker)
+                elif (kind is wire.Progress or kind is wire.Log) and head is not None and msg.id == head.call.id \
+                        and head.result is None:
                     pool.relay(head, msg, len(raw_frame))
-                elif kind is wire.Ask and head is not None and msg.id == head.call.id and head.asking is None:
+                elif kind is wire.Ask and head is not None and msg.id == head.call.id and head.asking is None \
+                        and head.result is None:
                     pool.ask(head, msg, worker)
                 else:
                     raise WorkerFailure("garbage", "the worker sent an unexpected frame")

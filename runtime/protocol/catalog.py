@@ -12,6 +12,7 @@ before that name is simply not in this pass, which is what ``list_changed`` tell
 from __future__ import annotations
 
 import base64
+import hashlib
 import bisect
 import binascii
 from dataclasses import dataclass, field
@@ -103,6 +104,20 @@ class Catalog:
         self._names = [e.name for e in self.entries]
         self._pages: dict[tuple[str, int], tuple[bytes, str | None]] = {}
         self._views: dict[Any, Catalog] = {}
+        self._fingerprint: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of every tool definition as ``tools/list`` shows it (not of the version number):
+        replicas serving the same plugins have the same fingerprint, so a balancer's monitoring can
+        tell a replica whose catalog differs (``/healthz``, the ``toolcell_catalog_info`` metric)."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            for entry in self.entries:
+                digest.update(entry.encoded(eras.V2026_07_28))
+                digest.update(b"\n")
+            self._fingerprint = digest.hexdigest()[:32]
+        return self._fingerprint
 
     def __len__(self) -> int:
         return len(self.entries)

@@ -93,6 +93,7 @@ _MODERN_HEADER_VALUES = frozenset(v.encode() for v in eras.MODERN_VERSIONS)
 _LEGACY_HEADER_VALUES = frozenset(v.encode() for v in eras.LEGACY_VERSIONS)
 _EXPOSE = b"mcp-session-id, mcp-protocol-version, retry-after, www-authenticate"
 _ALLOW = b"GET, POST, DELETE, OPTIONS"
+_RETRY_SOON: Headers = [(b"retry-after", b"1")]
 
 
 def _host_name(value: str) -> str:
@@ -336,8 +337,9 @@ class HttpApp:
     @property
     def ready(self) -> bool:
         """Whether a balancer should send this daemon requests: its catalog is loaded and it is not
-        shutting down. The one flag ``/readyz`` and ``/healthz`` report."""
-        return self.daemon.ready and not self.shutting_down
+        draining (SIGTERM with ``http.drain_s``: still serving) or shutting down. The one flag
+        ``/readyz`` and ``/healthz`` report."""
+        return self.daemon.ready and not self.daemon.draining and not self.shutting_down
 
     async def _readyz(self, r: Responder) -> None:
         """Readiness (Kubernetes' readinessProbe, a balancer's check): 200 while ``ready``, else 503.
@@ -347,11 +349,19 @@ class HttpApp:
                      headers=[(b"cache-control", b"no-store")])
 
     async def _healthz(self, r: Responder) -> None:
+        """Readiness: 200 only while this daemon wants requests. On SIGTERM it says "draining" (503)
+        for ``http.drain_s`` while it still serves, so a balancer stops sending before the listener
+        closes; then "stopping". ``catalog`` is the fingerprint of the tools it serves and
+        ``catalog_differs`` the daemons sharing its task store that serve another catalog."""
         daemon = self.daemon
         ready = self.ready
-        status = "ready" if ready else ("stopping" if self.shutting_down else "starting")
+        status = "ready" if ready else ("stopping" if self.shutting_down else
+                                        "draining" if daemon.draining else "starting")
+        tasks = daemon.tasks
         body = rpc.encode({"status": status, "tools": len(daemon.catalog), "plugins": len(daemon.plugins),
-                           "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight})
+                           "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight,
+                           "catalog": daemon.catalog.fingerprint,
+                           "catalog_differs": tasks.catalogs_differing() if tasks is not None else []})
         await r.body(200 if ready else 503, body, headers=[(b"cache-control", b"no-store")])
 
     async def _plain_error(self, r: Responder, status: int, message: str, headers: Headers | None = None,
@@ -486,7 +496,9 @@ class HttpApp:
             data, code = await done.work()
             if data is None:
                 return await r.body(202, b"", None)
-            return await r.body(status_of_code(code, modern) if code is not None else 200, data)
+            status = status_of_code(code, modern) if code is not None else 200
+            # 503 here is the task store being unavailable (a Redis restart): retryable, and said so.
+            return await r.body(status, data, headers=_RETRY_SOON if status == 503 else None)
         if type(done) is not Answered or done.data is None:
             return await r.body(202, b"", None)  # a notification, or a cancel (on HTTP, closing the stream cancels)
         status = status_of_code(done.error_code, modern) if done.error_code is not None else 200

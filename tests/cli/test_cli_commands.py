@@ -144,7 +144,8 @@ def test_a_plugins_folder_that_does_not_exist_is_an_error(command: list[str], tm
 def test_check_and_reload_offer_only_flags_that_apply() -> None:
     assert "--plugins" not in toolcell("check", "--help").stdout
     reload_help = toolcell("reload", "--help").stdout
-    assert "--plugins" not in reload_help and "--policy" not in reload_help and "--pid" in reload_help
+    # reload takes --plugins (which daemons it means), never a policy
+    assert "--policy" not in reload_help and "--pid" in reload_help and "--all" in reload_help
     doctor_help = toolcell("doctor", "--help").stdout
     assert "rest" not in doctor_help and "--json" in doctor_help
 
@@ -208,6 +209,31 @@ def test_call_exits_1_for_an_error_result_and_2_for_an_unknown_tool() -> None:
     unknown = toolcell("call", "no_such_tool", "{}", "--plugins", str(CONFORMANCE), "--policy", "none")
     assert unknown.returncode == 2
     assert json.loads(unknown.stdout)["code"] == -32602
+
+
+def test_an_unknown_tool_gets_the_names_it_may_have_meant_and_no_other_error_line() -> None:
+    for _ in range(3):  # the spurious store error came at exit, most times but not every time
+        out = toolcell("call", "test_simple_txt", "{}", "--plugins", str(CONFORMANCE), "--policy", "none")
+        assert out.returncode == 2
+        assert "did you mean: test_simple_text" in out.stderr
+        assert '"level":"error"' not in out.stderr, out.stderr
+
+
+def test_calling_a_tool_of_a_held_plugin_says_it_is_held_and_how_to_approve_it(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    plugins = make_plugin("greeter", GOOD, prefix="g_")
+    config = tmp_path / "toolcell.toml"
+    state = tmp_path / "state"
+    config.write_text(f'state_dir = "{state}"\n')
+    common = ["--plugins", str(plugins), "--config", str(config), "--policy", "none"]
+    approved = toolcell("approve", "greeter", "--yes", *common)
+    assert approved.returncode == 0, approved.stderr
+    manifest = plugins / "greeter" / "plugin.toml"
+    manifest.write_text(manifest.read_text() + '\n[permissions]\nread = ["/etc"]\n')  # asks for more now
+    out = toolcell("call", "g_greet", '{"name": "x"}', *common)
+    assert out.returncode == 2
+    assert "plugin 'greeter' (its tools begin with 'g_') is held until approved" in out.stderr
+    assert "read" in out.stderr and f"toolcell approve greeter --plugins {plugins}" in out.stderr
 
 
 def test_call_reports_invalid_arguments_naming_the_field(make_plugin: Callable[..., Path]) -> None:
@@ -334,30 +360,50 @@ def test_an_address_in_use_is_reported_with_the_address_before_any_worker_starts
         taken.close()
     assert out.returncode == 1
     assert f"127.0.0.1:{port}" in out.stderr and "in use" in out.stderr
+    assert "Stop it, or serve on another address, e.g. toolcell serve --http 127.0.0.1:" in out.stderr, out.stderr
     assert "plugin_loaded" not in out.stderr  # refused before loading anything
 
 
-def test_each_daemon_has_its_own_pidfile_and_reload_says_which_it_reached(tmp_path: Path) -> None:
+def test_each_daemon_has_its_own_pidfile_and_reload_reaches_only_this_configurations(tmp_path: Path) -> None:
+    """Two daemons share a state dir with other plugin sets (a test suite's, another project's):
+    ``toolcell reload`` reaches only the daemons of its own configuration (its config file, narrowed by
+    the plugin folders it names), names them, counts the others; ``--all`` reaches every one, ``--pid``
+    exactly one. (A bare ``toolcell reload`` is never run here: it would mean the daemons of the default
+    state dir serving the bundled plugins, which are not this test's.)"""
     import os
     import time
 
     state = tmp_path / "state"
     config = tmp_path / "toolcell.toml"
     config.write_text(f'state_dir = "{state}"\n')
-    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--stdio", "--config", str(config), "--policy", "none",
-           "--no-watch", "--plugins", str(REPO / "plugins" / "conformance")]
-    daemons = [subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL) for _ in range(2)]
+    folders = [str(REPO / "plugins" / "conformance"), str(REPO / "plugins" / "mathkit")]
+
+    def serve(folder: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--stdio", "--config", str(config),
+                                 "--policy", "none", "--no-watch", "--plugins", folder],
+                                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    daemons = [serve(folder) for folder in folders]
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and len(list(state.glob("toolcell-*.pid"))) < 2:
             time.sleep(0.1)
         assert sorted(p.name for p in state.glob("toolcell-*.pid")) == sorted(f"toolcell-{d.pid}.pid" for d in daemons)
-        out = toolcell("reload", "--config", str(config))
-        assert out.returncode == 0, out.stderr
-        assert all(f"daemon {d.pid}" in out.stdout for d in daemons), out.stdout
-        one = toolcell("reload", "--config", str(config), "--pid", str(daemons[0].pid))
-        assert f"daemon {daemons[0].pid}" in one.stdout and f"daemon {daemons[1].pid}" not in one.stdout
+        mine = toolcell("reload", "--config", str(config), "--plugins", folders[0])
+        assert mine.returncode == 0, mine.stderr
+        assert f"daemon {daemons[0].pid}" in mine.stdout and f"daemon {daemons[1].pid}" not in mine.stdout
+        assert "left 1 daemon(s) of other configurations alone" in mine.stdout
+        unserved = str(REPO / "plugins" / "textkit")
+        nobody = toolcell("reload", "--config", str(config), "--plugins", unserved)  # no daemon serves these
+        assert nobody.returncode == 1
+        assert "no running daemon of this configuration" in nobody.stderr and str(daemons[1].pid) in nobody.stderr
+        named = toolcell("reload", "--config", str(config))  # a config file names its daemons, whatever --plugins
+        assert named.returncode == 0 and all(f"daemon {d.pid}" in named.stdout for d in daemons), named.stdout
+        everyone = toolcell("reload", "--config", str(config), "--all")
+        assert everyone.returncode == 0, everyone.stderr
+        assert all(f"daemon {d.pid}" in everyone.stdout for d in daemons), everyone.stdout
+        one = toolcell("reload", "--config", str(config), "--pid", str(daemons[1].pid))
+        assert f"daemon {daemons[1].pid}" in one.stdout and f"daemon {daemons[0].pid}" not in one.stdout
         first = daemons[0]
         assert first.stdin is not None
         first.stdin.close()

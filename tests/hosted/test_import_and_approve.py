@@ -93,7 +93,7 @@ async def test_a_plugin_asking_for_more_than_approved_is_held_until_approved(
         # A new version asks for the network and renames its tools: held, the approved one keeps serving.
         manifest.write_text(original.replace('prefix = "clock_"', 'prefix = "tick_"')
                             .replace("network = []", 'network = ["example.com:443"]'))
-        code, out, err = await toolcell("reload", "--config", str(config))
+        code, out, err = await toolcell("reload", "--config", str(config), "--plugins", str(into))
         assert code == 0, err
         with trio.fail_after(30):
             while "plugin_reload_failed" not in (tmp_path / "d.log").read_text():
@@ -109,7 +109,7 @@ async def test_a_plugin_asking_for_more_than_approved_is_held_until_approved(
         assert code == 1 and "+ network example.com:443" in out
         code, out, err = await toolcell("approve", "clock", "--plugins", str(into), "--config", str(config), "--yes")
         assert code == 0, out + err
-        code, out, err = await toolcell("reload", "--config", str(config))
+        code, out, err = await toolcell("reload", "--config", str(config), "--plugins", str(into))
         with trio.fail_after(30):
             while True:
                 names = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}

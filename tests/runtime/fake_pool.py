@@ -71,7 +71,14 @@ class FakeWorker:
         return [m for m in self.received if type(m) is wire.Call]
 
     def finish(self, pool: WorkerPool, text: str = "ok", retire: str | None = None) -> CallSlot:
-        """The running call returns ``text``; returns its slot."""
+        """The running call answers ``text`` and returns (``Result``, then ``CallReturned``); its slot."""
+        head = self.answer(pool, text, retire)
+        if retire is None:
+            pool.returned(self)
+        return head
+
+    def answer(self, pool: WorkerPool, text: str = "ok", retire: str | None = None) -> CallSlot:
+        """The running call answers ``text`` (its code has not returned yet); returns its slot."""
         head = self.pending[0]
         pool.result(self, head, wire.Result(head.call.id, [{"type": "text", "text": text}], retire=retire))
         return head

@@ -238,3 +238,24 @@ async def test_when_no_worker_can_start_the_queue_fails_rather_than_hangs(
         errors: list[Any] = [s.error.kind if s.error else None for s in slots]
         assert errors == ["crashed", "unavailable"]
         nursery.cancel_scope.cancel()
+
+
+async def test_an_answered_call_keeps_its_worker_busy_until_it_returns_and_its_deadline_still_holds(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10, timeout_s=2), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        first = _call(pool, done, 0)
+        await trio.testing.wait_all_tasks_blocked()
+        second = _call(pool, done, 1)
+        (worker,) = factory.started
+        worker.answer(pool)  # answered, but its code has not returned
+        assert done == [first] and list(worker.pending) == [first] and list(pool.queue) == [second]
+        await trio.sleep(2.5)
+        assert worker.dead and KILLED == [worker.pid] and first.error is None  # its client had its answer
+        await trio.testing.wait_all_tasks_blocked()
+        (replacement,) = factory.alive()
+        assert [c.id for c in replacement.calls_received()] == [second.call.id]
+        nursery.cancel_scope.cancel()

@@ -237,7 +237,7 @@ def test_max_processes_defaults_to_64_and_is_read_from_the_manifest(tmp_path: Pa
 @pytest.mark.parametrize("body, fragment", [
     ("[limits]\nmax_processes = 7\n", "limits.max_processes = 7: must be between 8 and 4096"),
     ("[limits]\nmax_processes = 5000\n", "limits.max_processes = 5000: must be between 8 and 4096"),
-    ('[limits]\nmax_processes = "many"\n', "Expected `int`"),
+    ('[limits]\nmax_processes = "many"\n', "limits.max_processes = 'many': must be an integer"),
     ('[permissions]\nnetwork = ["example.com"]\n', "use host:port"),
     ('[permissions]\nnetwork = ["*.com:443"]\n', "wildcard"),
 ])

@@ -60,6 +60,12 @@ async def tamper(open_store: OpenStore) -> AsyncIterator[Tamper]:
     t.close()
 
 
+#: Tests of what only Redis can hold (a hash missing a field, index members, the expiry index): they
+#: run on Redis alone rather than being skipped on SQLite, whose NOT NULL columns and single table
+#: have no such states. (A skip inside a trio test also lost its reason: pytest printed "Skipped".)
+REDIS_ONLY = pytest.mark.parametrize("store_url", ["redis"], indirect=True)
+
+
 def backend(open_store: OpenStore) -> str:
     return "sqlite" if open_store.url.startswith("sqlite://") else "redis"
 
@@ -195,9 +201,8 @@ async def test_a_record_with_a_bad_field_is_corrupt_for_get_and_skipped_by_list_
         assert [r.task_id for r in seen] == [r.task_id for r in reversed(good)]
 
 
+@REDIS_ONLY
 async def test_a_redis_hash_missing_its_status_or_principal_breaks_no_read(open_store: OpenStore, tamper: Tamper) -> None:
-    if backend(open_store) != "redis":
-        pytest.skip("SQLite's columns are NOT NULL")
     assert tamper.redis is not None
     clock = FakeClock()
     store = await open_store(clock_ms=clock)
@@ -213,9 +218,8 @@ async def test_a_redis_hash_missing_its_status_or_principal_breaks_no_read(open_
     assert [r.task_id for r in (await store.list_all(None, 10))[0]] == [recs[2].task_id]
 
 
+@REDIS_ONLY
 async def test_redis_index_members_that_name_something_else_are_skipped(open_store: OpenStore, tamper: Tamper) -> None:
-    if backend(open_store) != "redis":
-        pytest.skip("Redis's indexes")
     r = tamper.redis
     assert r is not None
     clock = FakeClock()
@@ -234,9 +238,8 @@ async def test_redis_index_members_that_name_something_else_are_skipped(open_sto
     assert_corrupt(await store.get(moved.task_id, "alice"), moved.task_id)
 
 
+@REDIS_ONLY
 async def test_a_malformed_redis_expiry_member_is_dropped_and_expiry_goes_on(open_store: OpenStore, tamper: Tamper) -> None:
-    if backend(open_store) != "redis":
-        pytest.skip("Redis's expiry index")
     r = tamper.redis
     assert r is not None
     clock = FakeClock()

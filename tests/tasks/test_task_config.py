@@ -32,7 +32,7 @@ def test_the_tasks_table_is_read_from_the_config_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("table", "complaint"), [
-    ({"stroe": "sqlite"}, "unknown field `stroe`"),
+    ({"stroe": "sqlite"}, "tasks.stroe: unknown key (did you mean 'store'"),
     ({"store": "postgres://db/tasks"}, "tasks.store"),
     ({"store": "sqlite://relative/tasks.db"}, "sqlite:///absolute"),
     ({"max_live_per_principal": 0}, "tasks.max_live_per_principal"),

@@ -366,3 +366,18 @@ async def test_expire_deletes_exactly_the_tasks_past_their_deadline(open_store: 
     assert await store.inspect(short.task_id) is None
     assert await store.get(long.task_id, "bob") is not None
     assert [r.task_id for r in (await store.list_all(None, 10))[0]] == [long.task_id]
+
+
+async def test_daemons_sharing_a_store_see_each_others_catalog_fingerprints_until_one_falls_silent(
+        open_store: OpenStore) -> None:
+    clock = FakeClock()
+    limits = Limits(orphan_after_ms=10_000)
+    daemon_a, daemon_b = await open_store(clock_ms=clock, limits=limits), await open_store(clock_ms=clock, limits=limits)
+    t0 = clock.now_ms
+    assert await daemon_a.compare_catalogs("host-a:1:aa", "f-one", t0) == {"host-a:1:aa": "f-one"}
+    assert await daemon_b.compare_catalogs("host-b:2:bb", "f-two", t0 + 1_000) == {
+        "host-a:1:aa": "f-one", "host-b:2:bb": "f-two"}
+    # A reload changes one daemon's fingerprint; a daemon silent for orphan_after_ms is forgotten.
+    assert await daemon_a.compare_catalogs("host-a:1:aa", "f-two", t0 + 5_000) == {
+        "host-a:1:aa": "f-two", "host-b:2:bb": "f-two"}
+    assert await daemon_a.compare_catalogs("host-a:1:aa", "f-two", t0 + 11_001) == {"host-a:1:aa": "f-two"}

@@ -3,8 +3,11 @@ running (at start-up and later), and deletes expired tasks; a broken store never
 
 from __future__ import annotations
 
+import ctypes
 import json
+from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 from store_harness import OpenStore, record
@@ -127,3 +130,60 @@ async def test_upkeep_outlives_a_store_that_fails(autojump_clock: trio.testing.M
         logs.remove_sink(seen.append)
     failures = [r for r in seen if r["event"] == "task_store_upkeep_failed"]
     assert len(failures) == 4 and "the store is away" in str(failures[0]["error"])
+
+
+async def test_a_closing_daemon_stops_its_upkeep_before_it_closes_the_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A heartbeat in flight while the daemon closes (``toolcell call`` opens and closes one at once)
+    is stopped, not run against the closed store: no spurious ``task_store_failed`` line."""
+    from runtime import daemon as daemon_module
+    from runtime.config import load_config
+
+    seen: list[dict[str, object]] = []
+    beating = trio.Event()
+    closed = trio.Event()
+
+    class SlowToBeat:
+        def __init__(self, store: TaskStore) -> None:
+            self.store = store
+            self.beats = 0
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.store, name)
+
+        async def heartbeat(self, owner: str, now_ms: int) -> None:
+            self.beats += 1
+            if self.beats == 1:
+                return await self.store.heartbeat(owner, now_ms)
+            beating.set()
+            await closed.wait()  # a store call still in flight when the store is closed
+            raise trio.ClosedResourceError("the store was closed under the call")
+
+        async def aclose(self) -> None:
+            closed.set()
+            await trio.testing.wait_all_tasks_blocked()
+            await self.store.aclose()
+
+    real_open = daemon_module._open_task_store
+
+    async def slow_store(config: object) -> object:
+        return SlowToBeat(await real_open(config))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(daemon_module, "_open_task_store", slow_store)
+    (tmp_path / "plugins").mkdir()
+    cfg = load_config(None, {"plugins": [str(tmp_path / "plugins")], "policy": "none", "watch": False,
+                             "state_dir": str(tmp_path / "state"), "log_level": "error",
+                             "tasks": {"heartbeat_s": 0.1, "orphan_after_s": 0.2}})
+    logs.add_sink(seen.append)
+    try:
+        async with daemon_module.open_daemon(cfg):
+            with trio.fail_after(10):
+                await beating.wait()
+    finally:
+        logs.remove_sink(seen.append)
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(36, 0, 0, 0, 0)  # open_daemon made us a subreaper: undo it
+        except (OSError, AttributeError):
+            pass
+    assert closed.is_set()
+    assert [r for r in seen if r["event"] == "task_store_failed"] == []

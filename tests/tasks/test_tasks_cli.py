@@ -13,6 +13,7 @@ import redis
 import trio
 from store_harness import RedisServer, record
 
+from runtime import scope
 from runtime.task_store import TaskRecord, new_task_id, wall_clock_ms
 from runtime.task_store_open import connect_task_store
 
@@ -112,12 +113,49 @@ def test_the_store_comes_from_the_config_file_and_a_missing_one_is_said_plainly(
     assert empty.returncode == 0 and json.loads(empty.stdout) == []
     assert "no task store at" in empty.stderr
     made = fill(url, str(tmp_path))
-    out = toolcell("tasks", "--config", str(config), "--json")
+    out = toolcell("tasks", "--config", str(config), "--json", "--all")
     assert {t["task_id"] for t in json.loads(out.stdout)} == {r.task_id for r in made.values()}
     unknown = toolcell("tasks", "show", "no-such-task-id", "--config", str(config))
     assert unknown.returncode == 1 and "no task no-such-task-id" in unknown.stderr
     bad = toolcell("tasks", "--store", "mysql://nope")
     assert bad.returncode == 2 and "task store" in bad.stderr
+
+
+def test_by_default_only_the_tasks_of_this_configurations_daemons_are_listed(tmp_path: Path) -> None:
+    """Daemons of one user share the default state dir and its store: a test suite's tasks, another
+    project's, are not this configuration's, and are counted rather than listed (``--all`` lists them)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    config = tmp_path / "toolcell.toml"
+    config.write_text(f'state_dir = "{state}"\n')
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    mine.mkdir()
+    theirs.mkdir()
+    now_ms = wall_clock_ms()
+    ours = record(created_at_ms=now_ms - 2_000, owner="host:1:aaaa", tool="ours")
+    other = record(created_at_ms=now_ms - 1_000, owner="host:2:bbbb", tool="other")
+
+    async def main() -> None:
+        store = await connect_task_store(None, str(state))
+        for rec in (ours, other):
+            await store.create(rec, 10)
+        await store.aclose()
+
+    trio.run(main)
+    scope.record_owner(str(state), scope.scope_of(str(config), [str(mine)]), "host:1:aaaa")
+    scope.record_owner(str(state), scope.scope_of(str(config), [str(theirs)]), "host:2:bbbb")
+    out = toolcell("tasks", "--config", str(config), "--plugins", str(mine), "--json")
+    assert out.returncode == 0, out.stderr
+    assert [t["task_id"] for t in json.loads(out.stdout)] == [ours.task_id]
+    assert "1 task(s) of daemons with another configuration not shown" in out.stderr and "--all" in out.stderr
+    everyone = toolcell("tasks", "--config", str(config), "--plugins", str(mine), "--json", "--all")
+    assert [t["task_id"] for t in json.loads(everyone.stdout)] == [other.task_id, ours.task_id]
+    # The config file alone names both daemons (serve --plugins set their folders); another config neither.
+    named = toolcell("tasks", "--config", str(config), "--json")
+    assert [t["task_id"] for t in json.loads(named.stdout)] == [other.task_id, ours.task_id]
+    elsewhere = tmp_path / "other.toml"
+    elsewhere.write_text(f'state_dir = "{state}"\n')
+    assert json.loads(toolcell("tasks", "--config", str(elsewhere), "--json").stdout) == []
 
 
 def test_task_ids_never_begin_with_a_dash_and_one_that_does_is_shown_after_a_double_dash(tmp_path: Path) -> None:

@@ -1,0 +1,87 @@
+"""``toolcell check`` and every command reading a config report every manifest and config problem
+in one run, each as ``file:line:column: problem`` with what to do about it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.toml_positions import key_positions
+
+REPO = Path(__file__).resolve().parents[2]
+
+MANIFEST = '''name = "Broken Name!"
+version = "1.0"
+entyr = "broken"
+entry = "broken"
+
+[limits]
+timeout_s = 0
+memory_mb = "lots"
+
+[permissions]
+read = ["/usr/share", 3]
+'''
+
+
+def toolcell(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], check=False, cwd=str(REPO), capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_check_reports_four_kinds_of_mistake_in_one_run_each_with_file_line_and_column(tmp_path: Path) -> None:
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "plugin.toml").write_text(MANIFEST)
+    (folder / "broken.py").write_text("")
+    out = toolcell("check", str(folder), "--policy", "none")
+    assert out.returncode == 1
+    manifest = folder / "plugin.toml"
+    for expected in (
+        f"{manifest}:1:1: name 'Broken Name!': use 1-64 chars of lowercase letters",  # a semantic check
+        f"{manifest}:3:1: entyr: unknown key (did you mean 'entry'?)",  # msgspec stops at this one alone
+        f"{manifest}:7:1: limits.timeout_s = 0: must be between",  # a declared bound
+        f"{manifest}:8:1: limits.memory_mb = 'lots': must be an integer, not a string",  # a type
+        f"{manifest}:11:23: permissions.read[1] = 3: must be a string, not an integer",  # an item of a list
+    ):
+        assert expected in out.stdout, out.stdout
+    assert "5 problem(s)" in out.stdout
+
+
+def test_a_config_file_with_several_mistakes_is_reported_whole(tmp_path: Path) -> None:
+    config = tmp_path / "toolcell.toml"
+    config.write_text('page_size = 0\npolicy = "strct"\n\n[http]\nlisten = 5\nlisen = "x"\n\n[tasks]\nheartbeat_s = "x"\n')
+    out = toolcell("list", "--config", str(config))
+    assert out.returncode == 2
+    for expected in (f"{config}:1:1: page_size = 0: must be between 1 and 10000",
+                     f"{config}:2:1: policy 'strct': use compat, none or strict",
+                     f"{config}:5:1: http.listen = 5: must be a string, not an integer",
+                     f"{config}:6:1: http.lisen: unknown key (did you mean 'listen'?)",
+                     f"{config}:9:1: tasks.heartbeat_s = 'x': must be a number, not a string"):
+        assert expected in out.stderr, out.stderr
+    assert "5 problems" in out.stderr
+
+
+def test_positions_of_keys_tables_inline_tables_arrays_and_arrays_of_tables() -> None:
+    source = ('name = "x"  # a comment\ntext = """a\nb = 1\n"""\nenv.set = { LANG = "C", B = { c = 1 } }\n'
+              '[permissions]\nread = [\n  "/a",  # one\n  3,\n]\n[[http.tokens]]\nprincipal = "a"\n'
+              '[[http.tokens]]\nprincipal = "b"\n[tools."a b"]\ntask_support = 1\n')
+    tomllib.loads(source)
+    found = key_positions(source)
+    assert found[("name",)] == (1, 1) and found[("text",)] == (2, 1) and ("b",) not in found
+    assert found[("env", "set", "LANG")] == (5, 13) and found[("env", "set", "B", "c")] == (5, 31)
+    assert found[("permissions", "read", 1)] == (9, 3)
+    assert found[("http", "tokens", 1, "principal")] == (14, 1)
+    assert found[("tools", "a b", "task_support")] == (16, 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_the_position_finder_never_fails_on_any_text(source: str) -> None:
+    found = key_positions(source)  # hostile or not TOML at all: some positions or none, never an error
+    assert all(line >= 1 and column >= 1 for line, column in found.values())

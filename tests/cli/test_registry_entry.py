@@ -1,0 +1,83 @@
+"""``toolcell add ./server.json``: entries of the official MCP Registry (saved in ``registry/``) become
+hosted plugins through the same approval flow.
+
+``context7`` and ``playwright-mcp`` are the ``server.json`` files those projects publish to the
+registry; the ``*-2025-07-09`` files are the registry's own examples in the format's first
+(snake_case) spelling; ``filesystem-pinned`` is the registry's filesystem entry in the current
+spelling with its package pinned to the version ``tests/hosted`` installs, so that the end-to-end
+test below installs what the other tests already rely on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from runtime.registry_entry import RegistryProblem, read_server_json
+
+REPO = Path(__file__).resolve().parents[2]
+SAVED = Path(__file__).resolve().parent / "registry"
+
+
+def no_one_asked(question: str, default: str) -> str:
+    return default
+
+
+def test_a_published_npm_entry_keeps_its_secret_out_of_the_plugin_folder() -> None:
+    entry = read_server_json(SAVED / "context7.server.json", [], no_one_asked)
+    assert entry.name == "io.github.upstash/context7"
+    assert entry.server == {"package": "npm:@upstash/context7-mcp@1.0.26", "args": []}
+    assert entry.env_allow == ["CONTEXT7_API_KEY"] and entry.env_set == {}  # isSecret: from the daemon's env
+    assert any("CONTEXT7_API_KEY" in note and "never written" in note for note in entry.notes)
+    minimal = read_server_json(SAVED / "playwright-mcp.server.json", [], no_one_asked)
+    assert minimal.server == {"package": "npm:@playwright/mcp@0.1.0", "args": []}
+
+
+def test_the_first_spelling_a_default_argument_and_a_plain_default_variable() -> None:
+    entry = read_server_json(SAVED / "filesystem-2025-07-09.server.json", [], no_one_asked)
+    # The npm package of the two (the other is an OCI image); its open argument takes its default.
+    assert entry.server == {"package": "npm:@modelcontextprotocol/server-filesystem@1.0.2",
+                            "args": ["/Users/username/Desktop"]}
+    assert entry.env_set == {"LOG_LEVEL": "info"} and entry.env_allow == []
+    assert any("2 packages" in note for note in entry.notes)
+    given = read_server_json(SAVED / "filesystem-2025-07-09.server.json", ["/srv/shared"], no_one_asked)
+    assert given.server["args"] == ["/srv/shared"]
+    weather = read_server_json(SAVED / "weather-2025-07-09.server.json", [], no_one_asked)
+    assert weather.server == {"package": "pypi:weather-mcp-server==0.5.0", "args": []}
+    assert weather.env_allow == ["WEATHER_API_KEY"] and weather.env_set == {"WEATHER_UNITS": "celsius"}
+
+
+def test_what_toolcell_cannot_host_is_refused_with_the_reason() -> None:
+    with pytest.raises(RegistryProblem, match="no npm or PyPI package.*remote"):
+        read_server_json(SAVED / "remote-2025-07-09.server.json", [], no_one_asked)
+    with pytest.raises(RegistryProblem, match="'target_dir' .*is required: give it with --arg VALUE"):
+        read_server_json(SAVED / "filesystem-pinned.server.json", [], no_one_asked)
+
+
+def test_add_of_a_registry_entry_installs_approves_and_serves_it(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for folder in (tmp_path, shared):
+        folder.chmod(0o777 if folder == shared else 0o755)
+    config = tmp_path / "toolcell.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    into = tmp_path / "plugins"
+
+    def toolcell(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "runtime.cli", *args, "--config", str(config)], check=False,
+                              cwd=str(REPO), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+
+    added = toolcell("add", str(SAVED / "filesystem-pinned.server.json"), "--into", str(into), "--arg", str(shared),
+                     "--write", f"filesystem={shared}", "--yes")
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert "installing npm:@modelcontextprotocol/server-filesystem@2026.8.31" in added.stderr
+    manifest = tomllib.loads((into / "filesystem" / "plugin.toml").read_text())
+    assert manifest["server"] == {"package": "npm:@modelcontextprotocol/server-filesystem@2026.8.31",
+                                  "args": [str(shared)]}
+    assert (into / "filesystem" / "package-lock.json").is_file()
+    called = toolcell("call", "filesystem_list_allowed_directories", "{}", "--plugins", str(into))
+    assert called.returncode == 0, called.stderr
+    assert str(shared) in called.stdout
