@@ -1,9 +1,21 @@
-"""Worker processes and per-plugin pools (the trio side; the worker itself is ``sandbox.worker``).
+"""A plugin's pool of workers: scheduling only (the workers themselves: ``runtime.execution.worker``;
+what runs in them: ``sandbox.worker``).
 
 How this works:
 
 * A pool keeps between ``min_workers`` and ``limits.max_concurrency`` pre-started workers of one
-  plugin. A worker runs the calls sent to it one at a time, in order.
+  plugin. A worker runs the calls sent to it one at a time, in order. The pool starts its workers
+  through a factory (``WorkerFactory``: real processes, or a test's fakes) and hears of them only
+  through ``result``, ``returned``, ``relay``, ``ask`` and ``fail_worker``.
+* Sizing: within ``max_concurrency`` (the operator's ceiling) the pool is as big as the cores can keep
+  busy. Each ``Result`` says how much of the call's time it was blocked (``blocked_ns``: sleeping,
+  waiting on I/O or on its client, not waiting for a CPU); with ``r`` the share of recent calls' time
+  spent running (decayed sums), the pool wants ``ceil(cores / r)`` workers, plus one for every call
+  waiting on its client. So CPU-bound calls get as many workers as there are cores (more would only
+  add context switches and memory), calls that sleep get one each, up to the ceiling. Before any call
+  has finished, calls count as CPU-bound. When the size grows, calls batched behind running ones are
+  taken back to run at once on new workers. A worker with nothing to do for ``IDLE_RETIRE_S`` stops,
+  down to ``min_workers``.
 * A call goes to an idle worker if there is one: not at once, but at the pool's next dispatch,
   which runs right after the tasks the scheduler is running now (one tick, microseconds later),
   so calls that arrive together (HTTP requests read in one scheduler pass, a burst on stdio) are
@@ -26,13 +38,15 @@ How this works:
   worker (not started, so safe to run elsewhere) go back to the front of the pool's queue, and a
   replacement worker is started. Only that one call fails. A cancelled call that was sent but has not
   started is withdrawn with a ``CancelCall`` frame instead.
-* A watcher task per worker relays its captured stdout/stderr (capped) to the log and notices
-  when it exits.
+* The deadlines are enforced by the one watchdog (``runtime.execution.watchdog``); a worker's output
+  and its exit are watched by its ``ChildProcess`` (``runtime.execution.child``).
 """
 
 from __future__ import annotations
 
 import collections
+import math
+import os
 import time
 from typing import Any, Callable, Iterator, Protocol
 
@@ -51,6 +65,12 @@ from sandbox import wire
 
 #: Most queued calls handed to a worker in one write.
 BATCH_MAX = 32
+#: Sizing: how much the last call counts against those before it (per call), the smallest share of
+#: time running that is believed (a pool of tools that only sleep is ``cores / 1/1024`` big, before
+#: ``max_concurrency``), and how long a worker may find nothing to do before it is stopped.
+SIZING_DECAY = 0.9
+MIN_RUNNING_SHARE = 1 / 1024
+IDLE_RETIRE_S = 30.0
 
 
 class _Phases:
@@ -119,6 +139,14 @@ class WorkerPool(CallsInFlight):
         #: Deferred dispatch to idle workers (see the module doc): the dispatcher parks here.
         self._dispatch_lot = trio.lowlevel.ParkingLot()
         self._dispatch_due = False
+        #: Sizing (module docstring): the cores this daemon may run on, the size they give for the share
+        #: of blocked time the calls have shown (decayed sums), and the calls waiting on their client.
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self._cpu_size = self.cores
+        self._run_ns = 0.0
+        self._blocked_ns = 0.0
+        self.asking = 0
+        self._idle_since: dict[PoolWorker, float] = {}
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -136,6 +164,7 @@ class WorkerPool(CallsInFlight):
         if not self._dispatcher_started:
             self._dispatcher_started = True
             self.nursery.start_soon(self._dispatcher)
+            self.nursery.start_soon(self._shrink_when_idle)
         return worker
 
     async def start(self) -> wire.Ready:
@@ -215,13 +244,49 @@ class WorkerPool(CallsInFlight):
             self._dispatch_due = False
             self._dispatch_to_idle()
 
+    def _size(self) -> int:
+        """How many workers the pool wants at most now (see the module docstring: sizing)."""
+        return min(self.limits.max_concurrency, self._cpu_size + self.asking)
+
     def _room(self) -> int:
         """How many more workers the pool may start now."""
-        return self.limits.max_concurrency - len(self.workers) - self.starting
+        return self._size() - len(self.workers) - self.starting
+
+    def _learn(self, msg: wire.Result) -> None:
+        """Fold a finished call's share of blocked time into the pool's size (``_cpu_size``). When the
+        pool may grow after all, calls batched behind running ones (given while the pool was full) are
+        taken back to run on new workers."""
+        before = self._cpu_size
+        run_ns = max(0, msg.run_ns)
+        blocked_ns = min(max(0, msg.blocked_ns), run_ns)
+        self._run_ns = self._run_ns * SIZING_DECAY + run_ns
+        self._blocked_ns = self._blocked_ns * SIZING_DECAY + blocked_ns
+        if self._run_ns > 0:
+            running_share = max(MIN_RUNNING_SHARE, 1.0 - self._blocked_ns / self._run_ns)
+            self._cpu_size = max(1, math.ceil(self.cores / running_share - 1e-9))
+        if self._cpu_size > before and self._room() > 0:
+            for worker in list(self.workers):
+                if len(worker.pending) > 1 and not worker.dead:
+                    self._take_back(worker, "its calls turned out to block: the pool grows to run them at once")
+
+    async def _shrink_when_idle(self) -> None:
+        """Stop workers that found nothing to do for ``IDLE_RETIRE_S``, down to ``min_workers``."""
+        while not self.closed:
+            await trio.sleep(IDLE_RETIRE_S / 2)
+            now = self._clock()
+            keep = max(1, self.spec.min_workers)
+            for worker in list(self.idle):
+                if len(self.workers) <= keep:
+                    break
+                if now - self._idle_since.get(worker, now) >= IDLE_RETIRE_S:
+                    log("worker_stopped_idle", plugin=self.name, pid=worker.pid, idle_s=IDLE_RETIRE_S,
+                        workers=len(self.workers) - 1)
+                    self._discard(worker)
+            self._idle_since = {w: t for w, t in self._idle_since.items() if w in self.workers}
 
     def _grow_for_queue(self) -> None:
         """Start a worker for every queued call that no worker being started will take (up to the
-        pool's size): a burst is met by the whole pool, not queued on the workers there are."""
+        pool's size, ``_size``): a burst is met by the whole pool, not queued on the workers there are."""
         for _ in range(min(len(self.queue) - self.starting, self._room())):
             self._spawn_background()
 
@@ -252,6 +317,7 @@ class WorkerPool(CallsInFlight):
         if not self.queue:
             if not self.closed:
                 self.idle.append(worker)
+                self._idle_since[worker] = self._clock()
             return
         share = self._share(1)
         self._dispatch(worker, [self.queue.popleft() for _ in range(min(share, len(self.queue)))])
@@ -364,6 +430,9 @@ class WorkerPool(CallsInFlight):
             rest = pending
             if head_started:
                 head, rest = pending[0], pending[1:]
+                if head.asking is not None:  # its question goes unanswered: it is no longer waiting
+                    head.asking = None
+                    self.asking -= 1
                 if not head.finished:
                     head.error = error
                     self._complete(head)
@@ -384,8 +453,9 @@ class WorkerPool(CallsInFlight):
                 else:
                     slot.error = WorkerFailure("unavailable", f"plugin {self.name} was unloaded")
                     self._complete(slot)
-        if not self.closed and (self.queue or len(self.workers) + self.starting < max(1, self.spec.min_workers)):
-            if len(self.workers) + self.starting < self.limits.max_concurrency:
+        if not self.closed:
+            if len(self.workers) + self.starting < max(1, min(self.spec.min_workers, self.limits.max_concurrency)) \
+                    or (self.queue and self._room() > 0):
                 self._spawn_background()
 
     def ask(self, slot: CallSlot, msg: wire.Ask, worker: PoolWorker | None = None) -> None:
@@ -404,12 +474,16 @@ class WorkerPool(CallsInFlight):
             if worker.dead:
                 return
         self.watchdog.pause_for_question(slot, msg, limits.ask_timeout_s)
+        self.asking += 1  # its worker is blocked until the answer: it does not count against the cores
+        if self.queue:
+            self._grow_for_queue()
         if slot.on_event is None:
             self.answer(slot, [], "cancelled", "the call is being cancelled")
             return
         slot.on_event(msg)
 
-    def _take_back(self, worker: PoolWorker) -> None:
+    def _take_back(self, worker: PoolWorker,
+                   why: str = "the worker's call asked its client; the calls batched behind it run elsewhere") -> None:
         """``worker``'s running call asked its client something and may wait for the answer for up to
         ``ask_timeout_s``: the calls batched behind it, which have not started (a worker runs one call at
         a time, in order), must not wait with it while another worker could run them.
@@ -445,8 +519,7 @@ class WorkerPool(CallsInFlight):
             self.fail_worker(worker, WorkerFailure("crashed", "the worker process exited unexpectedly"))
             return
         self.queue.extendleft(reversed(back))
-        log("calls_taken_back", plugin=self.name, pid=worker.pid, count=len(back),
-            note="the worker's call asked its client; the calls batched behind it run elsewhere")
+        log("calls_taken_back", plugin=self.name, pid=worker.pid, count=len(back), note=why)
         self._dispatch_to_idle()
 
     def answer(self, slot: CallSlot, responses: list[wire.InputResponse], missing: str = "error",
@@ -463,6 +536,7 @@ class WorkerPool(CallsInFlight):
         if worker is None or not worker.pending or worker.pending[0] is not slot:
             return False
         self.watchdog.resume_after_answer(slot)
+        self.asking -= 1
         try:
             frame = wire.encode_frame(wire.Answer(slot.call.id, ordered))
         except (OverflowError, TypeError, ValueError) as exc:  # the client's answer cannot travel as msgpack
@@ -478,6 +552,7 @@ class WorkerPool(CallsInFlight):
         the worker stays busy with it until ``returned``."""
         head.result = msg
         worker.calls += 1
+        self._learn(msg)
         if PHASES.on:
             self._account(head, msg.run_ns)
         self._complete(head)

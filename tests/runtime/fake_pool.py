@@ -70,17 +70,21 @@ class FakeWorker:
     def calls_received(self) -> list[wire.Call]:
         return [m for m in self.received if type(m) is wire.Call]
 
-    def finish(self, pool: WorkerPool, text: str = "ok", retire: str | None = None) -> CallSlot:
-        """The running call answers ``text`` and returns (``Result``, then ``CallReturned``); its slot."""
-        head = self.answer(pool, text, retire)
+    def finish(self, pool: WorkerPool, text: str = "ok", retire: str | None = None, run_s: float = 0.0,
+               blocked_s: float = 0.0) -> CallSlot:
+        """The running call answers ``text`` and returns (``Result``, then ``CallReturned``); its slot.
+        ``run_s``/``blocked_s``: how long it says it ran, and was blocked of that."""
+        head = self.answer(pool, text, retire, run_s, blocked_s)
         if retire is None:
             pool.returned(self)
         return head
 
-    def answer(self, pool: WorkerPool, text: str = "ok", retire: str | None = None) -> CallSlot:
+    def answer(self, pool: WorkerPool, text: str = "ok", retire: str | None = None, run_s: float = 0.0,
+               blocked_s: float = 0.0) -> CallSlot:
         """The running call answers ``text`` (its code has not returned yet); returns its slot."""
         head = self.pending[0]
-        pool.result(self, head, wire.Result(head.call.id, [{"type": "text", "text": text}], retire=retire))
+        pool.result(self, head, wire.Result(head.call.id, [{"type": "text", "text": text}], retire=retire,
+                                            run_ns=int(run_s * 1e9), blocked_ns=int(blocked_s * 1e9)))
         return head
 
     def crash(self, pool: WorkerPool) -> None:
@@ -148,8 +152,11 @@ class FakeWorkers:
 
 
 def fake_pool(nursery: trio.Nursery, tmp_path: Path, limits: wire.Limits, factory: Any = None,
-              min_workers: int = 1) -> WorkerPool:
-    """A pool of plugin "fake" with ``limits``, its workers from ``factory`` (default: ``FakeWorkers()``)."""
+              min_workers: int = 1, cores: int = 2) -> WorkerPool:
+    """A pool of plugin "fake" with ``limits``, its workers from ``factory`` (default: ``FakeWorkers()``),
+    on a machine of ``cores`` cores."""
     manifest = Manifest(name="fake", version="1", entry="fake", limits=limits)
-    return WorkerPool(PoolSpec(manifest, str(tmp_path), "none", str(tmp_path), min_workers=min_workers), nursery,
+    pool = WorkerPool(PoolSpec(manifest, str(tmp_path), "none", str(tmp_path), min_workers=min_workers), nursery,
                       factory if factory is not None else FakeWorkers())
+    pool.cores = pool._cpu_size = cores
+    return pool

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from fake_pool import KILLED, FakeWorkers, fake_pool
-from runtime.execution.pool import BATCH_MAX, WorkerPool
+from runtime.execution.pool import BATCH_MAX, IDLE_RETIRE_S, WorkerPool
 from runtime.execution.runner import CallSlot
 from runtime.protocol.errors import PoolBusy, WorkerFailure
 from sandbox import wire
@@ -54,23 +54,113 @@ async def test_calls_that_arrive_together_go_to_the_idle_workers_at_the_next_tic
         nursery.cancel_scope.cancel()
 
 
-async def test_a_burst_starts_a_worker_for_every_queued_call_up_to_max_concurrency(
+async def test_a_burst_of_calls_that_block_starts_a_worker_for_every_queued_call_up_to_max_concurrency(
         tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
     factory = FakeWorkers(start_s=0.5)
     async with trio.open_nursery() as nursery:
-        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=4), factory)
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=4), factory, cores=2)
         await _started(pool)
         done: list[CallSlot] = []
+        _call(pool, done)
+        await trio.testing.wait_all_tasks_blocked()
+        factory.started[0].finish(pool, run_s=0.1, blocked_s=0.099)  # the tool sleeps
         first = _call(pool, done)
         await trio.testing.wait_all_tasks_blocked()  # the one worker runs it
-        burst = [_call(pool, done, i) for i in range(1, 10)]
+        [_call(pool, done, i) for i in range(1, 10)]
         assert pool.starting == 3  # the pool's room, not one per call
         await trio.sleep(1)
         assert len(factory.alive()) == 4
         running = [w.pending[0] for w in factory.alive() if w.pending]
         assert first in running and len(running) == 4
-        assert len(pool.queue) + sum(len(w.pending) for w in factory.alive()) == 10
-        assert burst
+        nursery.cancel_scope.cancel()
+
+
+async def test_calls_that_keep_a_cpu_busy_get_no_more_workers_than_there_are_cores(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers(start_s=0.5)
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=8, max_queue=100), factory, cores=2)
+        await _started(pool)
+        done: list[CallSlot] = []
+        for round_ in range(5):
+            for i in range(16):
+                _call(pool, done, i)
+            await trio.sleep(1)
+            while any(w.pending for w in factory.alive()):
+                for worker in factory.alive():
+                    if worker.pending:
+                        worker.finish(pool, run_s=0.001, blocked_s=0.0)
+                await trio.testing.wait_all_tasks_blocked()
+            assert len(factory.started) == 2, round_
+        assert len(done) == 80
+        nursery.cancel_scope.cancel()
+
+
+async def test_when_calls_turn_out_to_block_the_pool_grows_and_runs_the_calls_it_had_batched_at_once(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers(start_s=0.1)
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=64, max_queue=1000), factory, cores=2)
+        await _started(pool)
+        done: list[CallSlot] = []
+        for i in range(32):
+            _call(pool, done, i)
+        await trio.sleep(1)
+        assert len(factory.alive()) == 2  # nothing known yet: as if CPU-bound
+        for worker in factory.alive():
+            worker.finish(pool, run_s=0.1, blocked_s=0.0995)  # 0.5 % running: 2 cores keep 400 busy
+        await trio.sleep(1)
+        # Every call has a worker now (the demand, not the ceiling): those batched behind the first two
+        # were taken back (answered unrun by their first worker, in order) and run elsewhere.
+        assert len(factory.alive()) == 32
+        assert sum(1 for w in factory.alive() if w.pending and not w.pending[0].abandoned) == 30
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_call_waiting_on_its_client_frees_its_core_for_a_new_worker(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers(start_s=0.1)
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=8, max_queue=100, ask_timeout_s=60), factory,
+                         cores=1)
+        await _started(pool)
+        events: list[Any] = []
+        asking = pool.new_slot("t", {}, False, -1, events.append, None)
+        pool.submit(asking)
+        await trio.testing.wait_all_tasks_blocked()
+        done: list[CallSlot] = []
+        waiting = _call(pool, done, 1)
+        await trio.sleep(1)
+        assert len(factory.alive()) == 1 and list(pool.queue) == [waiting]  # one core, one worker
+        (worker,) = factory.alive()
+        pool.ask(asking, wire.Ask(asking.call.id, [wire.InputRequest("k", "roots/list", {})]), worker)
+        await trio.sleep(1)
+        assert len(factory.alive()) == 2 and not pool.queue  # the question's worker is blocked
+        assert pool.answer(asking, [wire.InputResponse("k", "result", {"roots": []})])
+        assert pool.asking == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_workers_with_nothing_to_do_stop_after_a_while_down_to_min_workers(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=4), factory, min_workers=1, cores=4)
+        await _started(pool)
+        done: list[CallSlot] = []
+        for i in range(4):
+            _call(pool, done, i)
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(0.1)
+        for worker in factory.alive():
+            while worker.pending:
+                worker.finish(pool)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(factory.alive()) == 4
+        await trio.sleep(IDLE_RETIRE_S * 0.4)
+        assert len(factory.alive()) == 4
+        await trio.sleep(IDLE_RETIRE_S * 1.2)
+        assert len(factory.alive()) == 1 and len(pool.workers) == 1
         nursery.cancel_scope.cancel()
 
 
