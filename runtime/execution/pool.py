@@ -257,10 +257,15 @@ class WorkerPool(CallsInFlight):
         pool may grow after all, calls batched behind running ones (given while the pool was full) are
         taken back to run on new workers."""
         before = self._cpu_size
-        run_ns = max(0, msg.run_ns)
-        blocked_ns = min(max(0, msg.blocked_ns), run_ns)
+        run_ns = msg.run_ns if msg.run_ns > 0 else 0
+        blocked_ns = msg.blocked_ns
         self._run_ns = self._run_ns * SIZING_DECAY + run_ns
+        if blocked_ns <= 0 and not self._blocked_ns:
+            return  # the common case of CPU-bound calls: nothing blocked, the size is the cores'
+        blocked_ns = min(blocked_ns, run_ns) if blocked_ns > 0 else 0
         self._blocked_ns = self._blocked_ns * SIZING_DECAY + blocked_ns
+        if self._blocked_ns < 1.0:
+            self._blocked_ns = 0.0  # decayed to nothing: back on the fast path
         if self._run_ns > 0:
             running_share = max(MIN_RUNNING_SHARE, 1.0 - self._blocked_ns / self._run_ns)
             self._cpu_size = max(1, math.ceil(self.cores / running_share - 1e-9))
