@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import trio
 
-from runtime import approvals, installer
+from runtime import approvals, installer, plugin_files
 from runtime.manifest import MANIFEST_NAME, ManifestError, load_manifest
 from runtime.server_spec import parse_package
 
@@ -305,7 +305,7 @@ def _put_in_place(built: Path, folder: Path) -> None:
     if os.stat(built).st_dev != os.stat(into).st_dev:
         ready = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".toolcell-new", dir=into))
         ready.rmdir()
-        shutil.copytree(built, ready, symlinks=True)
+        plugin_files.copy_folder(str(built), str(ready))
     old = None
     try:
         if folder.exists() or folder.is_symlink():
@@ -453,31 +453,51 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
             text = manifest_text(name, f"{pkg.name}, added with toolcell add", server, allow, fixed, read, write, net)
             ok = trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell add {args.spec}", args.replace)
             return 0 if ok else 1
-        source = Path(args.spec).resolve()
-        manifest = load_manifest(source)
-        folder = into / manifest.name
-        if folder.exists() and not args.replace:
-            raise ImportProblem(f"{folder} already exists (use --replace to overwrite it)")
-        print("\n".join(approvals.describe(manifest)))
-        if not asker.confirm(f"Approve {manifest.name} with these permissions?"):
-            return 1
-        approvals.record(cfg.state_dir, manifest, str(folder), f"toolcell add {source}")
-        if folder != source:
-            staging = _staging(cfg.state_dir, manifest.name)
-            try:
-                shutil.copytree(source, staging / "plugin", symlinks=True)
-                _put_in_place(staging / "plugin", folder)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-        print(f"added {folder} (approved)")
-        return 0
+        return _add_folder(Path(args.spec).resolve(), into, cfg.state_dir, asker, args.replace)
     except ManifestError as exc:
         print(f"toolcell add: {exc}", file=sys.stderr)
+    except plugin_files.PluginFileError as exc:
+        print(f"toolcell add: {args.spec}: {exc.reason}", file=sys.stderr)
     except (ImportProblem, approvals.ApprovalsError, ValueError, OSError) as exc:
         print(f"toolcell add: {exc}", file=sys.stderr)
     except installer.InstallError as exc:
         print(f"toolcell add: {exc.reason}", file=sys.stderr)
     return 1
+
+
+def _add_folder(source: Path, into: Path, state_dir: str, asker: Asker, replace: bool) -> int:
+    """``toolcell add FOLDER``: copy the folder into the state dir (``plugin_files.copy_folder``: regular
+    files and folders only, capped), show and approve what the *copy* asks for, then move the copy into
+    place. A folder already in the plugins folder is approved where it is."""
+    manifest = load_manifest(source)
+    if into / manifest.name == source:
+        if not _approve_added(manifest, source, state_dir, asker, source):
+            return 1
+        print(f"approved {source} where it is")
+        return 0
+    staging = _staging(state_dir, manifest.name)
+    try:
+        copy = staging / "plugin"
+        plugin_files.copy_folder(str(source), str(copy))
+        manifest = load_manifest(copy)  # what is approved is what was copied, whatever the source does meanwhile
+        folder = into / manifest.name
+        if folder.exists() and not replace:
+            raise ImportProblem(f"{folder} already exists (use --replace to overwrite it)")
+        if not _approve_added(manifest, folder, state_dir, asker, source):
+            return 1
+        _put_in_place(copy, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"added {folder} (approved)")
+    return 0
+
+
+def _approve_added(manifest: Any, folder: Path, state_dir: str, asker: Asker, source: Path) -> bool:
+    print("\n".join(approvals.describe(manifest)))
+    if not asker.confirm(f"Approve {manifest.name} with these permissions?"):
+        return False
+    approvals.record(state_dir, manifest, str(folder), f"toolcell add {source}")
+    return True
 
 
 def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
