@@ -8,7 +8,8 @@
   and ``.mcp.json`` (``mcpServers``), VS Code's ``mcp.json`` (``servers``, ``inputs``) -- and turns each
   stdio entry into such a plugin: ``npx -y PKG ARGS`` becomes ``npm:PKG`` (pinned, installed without
   scripts, run with no network unless granted), ``uvx [--from PKG] NAME ARGS`` becomes ``pypi:PKG``,
-  any other command is kept as it is (resolved to its absolute path). ``env`` maps to the environment
+  any other command is kept as it is (found on PATH's absolute entries only, never in the current
+  directory, and shown resolved with the approval prompt). ``env`` maps to the environment
   allowlist: a literal value is set for the server, ``${VAR}`` / ``${env:VAR}`` is taken from the
   daemon's environment, ``${input:ID}`` is asked for (or given with ``--env NAME.VAR=VALUE``). The paths
   and hosts each server needs are asked for interactively (paths its arguments name are offered), or
@@ -140,13 +141,30 @@ def translate(entry: Any) -> tuple[dict[str, Any], list[str]]:
         else:
             raise ImportProblem("uvx names no package")
     else:
-        resolved = shutil.which(command) if "/" not in command else command
-        if resolved is None:
-            raise ImportProblem(f"{command!r} is not on PATH here")
-        server = {"command": [os.path.abspath(resolved)], "args": list(args)}
+        server = {"command": [command_path(command)], "args": list(args)}
     server["args"] = [_expand(a) for a in server.get("args", [])]
     paths = [a for a in server["args"] if a.startswith("/") and os.path.isdir(a)]
     return server, paths
+
+
+def command_path(command: str) -> str:
+    """The absolute path of a config's ``command``: as given when absolute, else found on PATH's
+    absolute entries only (``installer.which``) -- never in the directory the import runs from, where a
+    cloned repository may have put its own ``./node``. A relative path names no place toolcell can know."""
+    if os.path.isabs(command):
+        return os.path.normpath(command)
+    if "/" in command:
+        raise ImportProblem(f"{command!r} is a path relative to wherever the client ran it: give an absolute path")
+    found = installer.which(command)
+    if found is None:
+        raise ImportProblem(f"{command!r} is not on PATH here (only PATH's absolute entries are searched)")
+    return found
+
+
+def resolved_note(command: str, resolved: str) -> str:
+    """The line shown with the approval prompt saying which program a config's command turned into."""
+    real = os.path.realpath(resolved)
+    return f"  command:  {command!r} in the config is {resolved}" + (f" (-> {real})" if real != resolved else "")
 
 
 def _expand(arg: str) -> str:
@@ -323,7 +341,8 @@ def _put_in_place(built: Path, folder: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker, how: str, replace: bool) -> bool:
+async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker, how: str, replace: bool,
+                  notes: tuple[str, ...] = ()) -> bool:
     """Build the folder in the state dir, install what it runs, ship its lock, show its grants; once a
     person approved them, record the approval and move the folder into the plugins folder."""
     folder = into / name
@@ -347,7 +366,7 @@ async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker
             lock = installer.lock_file(env)
             if lock is not None:
                 (staging / lock[0]).write_text(lock[1], encoding="utf-8")
-        print("\n".join(approvals.describe(manifest)))
+        print("\n".join([*approvals.describe(manifest), *notes]))
         if not asker.confirm(f"Approve {name} with these permissions?"):
             return False
         # Recorded first: the moment the folder appears, a daemon holds it to exactly this approval.
@@ -426,7 +445,9 @@ def cmd_import(args: argparse.Namespace, cfg: Any) -> int:
             allow, fixed = _env_for(raw_name, entry.get("env"), inputs, args, asker)
             text = manifest_text(name, f"{raw_name}, imported from {os.path.basename(args.file)}", server, allow, fixed,
                                  read, write, net)
-            if trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell import {args.file}", args.replace):
+            notes = (resolved_note(entry["command"], server["command"][0]),) if server.get("command") else ()
+            if trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell import {args.file}", args.replace,
+                        notes):
                 made += 1
             else:
                 failed += 1

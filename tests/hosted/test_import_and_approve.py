@@ -154,6 +154,27 @@ async def test_add_of_a_plugin_folder_copies_it_in_and_records_its_approval(
     assert approvals.load(str(own_state))[os.path.realpath(into / "notes")]["name"] == "notes"
 
 
+async def test_import_shows_with_its_prompt_which_program_a_configs_command_resolved_to(tmp_path: Path) -> None:
+    bin_dir, repo = tmp_path / "bin", tmp_path / "repo"
+    bin_dir.mkdir()
+    repo.mkdir()
+    (bin_dir / "mytool").symlink_to("/bin/true")
+    (repo / "mytool").write_text("#!/bin/sh\n")
+    (repo / "mytool").chmod(0o755)
+    config_file = tmp_path / "mcp.json"
+    config_file.write_text(json.dumps({"mcpServers": {"tool": {"command": "mytool"}}}))
+    into = tmp_path / "plugins"
+    done = await trio.run_process(
+        [sys.executable, "-m", "runtime.cli", "import", str(config_file), "--into", str(into), "--config",
+         str(write_config(tmp_path, tmp_path / "state")), "--yes"],
+        cwd=str(repo), env={**os.environ, "PYTHONPATH": str(REPO), "PATH": f".:{bin_dir}:{os.environ['PATH']}"},
+        capture_stdout=True, capture_stderr=True, check=False, stdin=b"")
+    out = done.stdout.decode()
+    assert done.returncode == 0, out + done.stderr.decode()
+    assert f"'mytool' in the config is {bin_dir / 'mytool'} (-> {os.path.realpath('/bin/true')})" in out, out
+    assert str(repo / "mytool") not in (into / "tool" / "plugin.toml").read_text()
+
+
 def _socket(path: Path, secret: Path) -> None:
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))

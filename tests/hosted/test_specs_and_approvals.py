@@ -96,6 +96,27 @@ def test_client_config_entries_translate_to_pinnable_packages_and_commands() -> 
             translate(entry)
 
 
+def test_an_imported_command_is_found_on_paths_absolute_entries_never_in_the_current_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cloned repository holding its own ``./mytool``, imported with an empty (or ``.``) PATH entry: the
+    config's ``mytool`` used to become the repository's program (``shutil.which`` searched the cwd)."""
+    repo, bin_dir = tmp_path / "repo", tmp_path / "bin"
+    for folder in (repo, bin_dir):
+        folder.mkdir()
+        (folder / "mytool").write_text("#!/bin/sh\n")
+        (folder / "mytool").chmod(0o755)
+    monkeypatch.chdir(repo)
+    for path in (f":{bin_dir}", f".:{bin_dir}", f"{bin_dir}::"):
+        monkeypatch.setenv("PATH", path)
+        server, _ = translate({"command": "mytool"})
+        assert server["command"] == [str(bin_dir / "mytool")], path
+    monkeypatch.setenv("PATH", ":.")
+    with pytest.raises(ImportProblem, match="not on PATH"):
+        translate({"command": "mytool"})
+    with pytest.raises(ImportProblem, match="relative"):
+        translate({"command": "./mytool"})
+
+
 def test_the_three_client_config_formats_are_read(tmp_path: Path) -> None:
     claude = tmp_path / "claude_desktop_config.json"
     claude.write_text(json.dumps({"mcpServers": {"a": {"command": "npx", "args": ["-y", "x"]}}}))
