@@ -90,11 +90,25 @@ def manifest_text(name: str, description: str, server: dict[str, Any], env_allow
 # -- client configs ---------------------------------------------------------------------------------
 
 
+#: A client's config file is refused larger than this.
+MAX_CLIENT_CONFIG_BYTES = 4 * 1024 * 1024
+
+
 def read_client_config(path: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """(server entries by name, VS Code input descriptions by id) from a client's config file."""
+    """(server entries by name, VS Code input descriptions by id) from a client's config file.
+
+    The file may come with a cloned repository (``.mcp.json``): the name the person gave is followed to
+    where it leads (``realpath``, which opens nothing), and that file is read as a plugin's files are
+    (``plugin_files``): a regular file only, never a FIFO or a device, without blocking, capped."""
+    real = os.path.realpath(path)
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        text = plugin_files.read_text(os.path.dirname(real), os.path.basename(real), MAX_CLIENT_CONFIG_BYTES)
+        if text is None:
+            raise ImportProblem(f"{path}: no such file")
+        data = json.loads(text)
+    except plugin_files.PluginFileError as exc:
+        raise ImportProblem(f"{path}: {exc.reason}" + (f" ({path} leads to {real})" if real != os.path.abspath(path) else "")) from None
+    except (OSError, ValueError) as exc:
         raise ImportProblem(f"{path}: cannot read it as JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ImportProblem(f"{path}: not a client configuration (a JSON object)")

@@ -175,6 +175,37 @@ async def test_import_shows_with_its_prompt_which_program_a_configs_command_reso
     assert str(repo / "mytool") not in (into / "tool" / "plugin.toml").read_text()
 
 
+def _sparse(path: Path) -> None:
+    with open(path, "wb") as f:
+        f.truncate(64 * 1024 * 1024)
+
+
+#: A client config that came with a cloned repository, as something other than a JSON file. A FIFO
+#: used to hang ``toolcell import`` and a device (/dev/zero's numbers) to be read until memory ran out.
+CONFIG_HOSTILE: dict[str, tuple[Callable[[Path], None], str]] = {
+    "fifo": (lambda path: os.mkfifo(path), "not a regular file: it is a FIFO"),
+    "device": (lambda path: os.mknod(path, 0o644 | stat.S_IFCHR, os.makedev(1, 5)), "not a regular file: it is a device"),
+    "directory": (lambda path: path.mkdir(), "not a regular file: it is a directory"),
+    "link-to-fifo": (lambda path: (os.mkfifo(path.with_suffix(".pipe")), path.symlink_to(path.with_suffix(".pipe"))),
+                     "it is a FIFO (" ),
+    "huge": (_sparse, "larger than"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIG_HOSTILE))
+async def test_import_of_a_config_that_is_no_regular_file_refuses_it_without_blocking(
+        tmp_path: Path, kind: str) -> None:
+    if kind == "device" and os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    make, says = CONFIG_HOSTILE[kind]
+    config_file = tmp_path / "mcp.json"
+    make(config_file)
+    with trio.fail_after(30):
+        code, out, err = await toolcell("import", str(config_file), "--into", str(tmp_path / "plugins"), "--config",
+                                        str(write_config(tmp_path, tmp_path / "state")), "--yes")
+    assert code == 2 and says in err, out + err
+
+
 def _socket(path: Path, secret: Path) -> None:
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
