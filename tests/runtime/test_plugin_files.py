@@ -195,3 +195,19 @@ def test_a_file_that_reads_longer_than_its_size_is_refused(tmp_path: Path, monke
     monkeypatch.setattr(plugin_files, "_plan", plan_then_grow)
     with pytest.raises(PluginFileError, match="grows.txt grew while being copied"):
         plugin_files.copy_folder(str(folder), str(tmp_path / "copy"))
+
+
+def test_an_entry_module_that_is_a_link_is_refused_not_probed_through(tmp_path: Path, secret: Path) -> None:
+    """The entry check used ``is_file()``, which follows a link: a plugin could learn through the
+    daemon's refusal (or its absence) whether a file outside its folder exists."""
+    from runtime.manifest import ManifestError, load_manifest
+
+    folder = tmp_path / "plugin"
+    folder.mkdir()
+    (folder / "plugin.toml").write_text('name = "p"\nversion = "1"\nentry = "tool"\n')
+    (folder / "tool.py").symlink_to(secret)
+    with pytest.raises(ManifestError, match="tool.py is a symbolic link"):
+        load_manifest(folder)
+    (folder / "tool.py").unlink()
+    (folder / "tool").mkdir()
+    assert load_manifest(folder).entry == "tool"
