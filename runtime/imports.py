@@ -323,7 +323,8 @@ def _put_in_place(built: Path, folder: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker, how: str, replace: bool) -> bool:
+async def _create(into: Path, name: str, text: str, state_dir: str, book: approvals.Book, asker: Asker, how: str,
+                  replace: bool) -> bool:
     """Build the folder in the state dir, install what it runs, ship its lock, show its grants; once a
     person approved them, record the approval and move the folder into the plugins folder."""
     folder = into / name
@@ -351,7 +352,7 @@ async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker
         if not asker.confirm(f"Approve {name} with these permissions?"):
             return False
         # Recorded first: the moment the folder appears, a daemon holds it to exactly this approval.
-        approvals.record(state_dir, manifest, str(folder), how)
+        book.write(manifest, str(folder), how)
         _put_in_place(staging, folder)
         print(f"added {folder} (approved)")
         return True
@@ -426,7 +427,8 @@ def cmd_import(args: argparse.Namespace, cfg: Any) -> int:
             allow, fixed = _env_for(raw_name, entry.get("env"), inputs, args, asker)
             text = manifest_text(name, f"{raw_name}, imported from {os.path.basename(args.file)}", server, allow, fixed,
                                  read, write, net)
-            if trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell import {args.file}", args.replace):
+            if trio.run(_create, into, name, text, cfg.state_dir, approvals.book_for(cfg), asker,
+                        f"toolcell import {args.file}", args.replace):
                 made += 1
             else:
                 failed += 1
@@ -451,7 +453,8 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
             allow = sorted({v for v in (args.env or []) if "=" not in v})
             fixed = dict(v.split("=", 1) for v in (args.env or []) if "=" in v)
             text = manifest_text(name, f"{pkg.name}, added with toolcell add", server, allow, fixed, read, write, net)
-            ok = trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell add {args.spec}", args.replace)
+            ok = trio.run(_create, into, name, text, cfg.state_dir, approvals.book_for(cfg), asker,
+                          f"toolcell add {args.spec}", args.replace)
             return 0 if ok else 1
         source = Path(args.spec).resolve()
         manifest = load_manifest(source)
@@ -461,7 +464,7 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
         print("\n".join(approvals.describe(manifest)))
         if not asker.confirm(f"Approve {manifest.name} with these permissions?"):
             return 1
-        approvals.record(cfg.state_dir, manifest, str(folder), f"toolcell add {source}")
+        approvals.book_for(cfg).write(manifest, str(folder), f"toolcell add {source}")
         if folder != source:
             staging = _staging(cfg.state_dir, manifest.name)
             try:
@@ -496,18 +499,32 @@ def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
               f"{', '.join(cfg.plugins)}", file=sys.stderr)
         return 2
     path, manifest = found[0]
+    book = approvals.book_for(cfg)
+    snapshot = book.read()
+    # A record that cannot be trusted (a shared book checks each alone) is replaced by approving again.
+    distrusted = snapshot.untrusted.get(approvals.key(path)) if not snapshot.problem else None
     try:
-        more = approvals.differences(manifest, path, cfg.state_dir)
+        more = None if distrusted else approvals.differences_in(snapshot, manifest, path)
     except approvals.ApprovalsError as exc:
         print(f"toolcell approve: {exc}", file=sys.stderr)
         return 2
     print("\n".join(approvals.describe(manifest)))
-    if more is not None:
+    if distrusted:
+        print(f"  {distrusted}: approving records it anew")
+    elif more is not None:
         print("  beyond its last approval: " + ("; ".join(more) if more else "nothing"))
     if not Asker(args.yes).confirm(f"Approve {manifest.name} with these permissions?"):
         return 1
-    approvals.record(cfg.state_dir, manifest, str(path), "toolcell approve")
-    print(f"approved {manifest.name}; a running daemon picks it up at its next reload (toolcell reload)")
+    try:
+        book.write(manifest, str(path), "toolcell approve")
+    except approvals.ApprovalsError as exc:
+        print(f"toolcell approve: {exc}", file=sys.stderr)
+        return 2
+    if cfg.approvals.store is None:
+        print(f"approved {manifest.name}; a running daemon picks it up at its next reload (toolcell reload)")
+    else:
+        print(f"approved {manifest.name} in {book.where}; every daemon reading it picks it up within "
+              f"{cfg.approvals.poll_s:g} s")
     return 0
 
 

@@ -26,6 +26,7 @@ from runtime.workers import PluginLoadError, WorkerPool
 from sandbox import wire
 
 if TYPE_CHECKING:
+    from runtime.approvals import Snapshot
     from runtime.hosted import HostedRunner
 
 
@@ -87,8 +88,9 @@ def discover(dirs: Iterable[str]) -> list[Path]:
 
 
 async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir: str, min_workers: int,
-                      describe_only: bool = False) -> Plugin:
-    """Load one plugin: manifest, first worker, tool checks. Never raises for the plugin's faults."""
+                      describe_only: bool = False, approved: Snapshot | None = None) -> Plugin:
+    """Load one plugin: manifest, first worker, tool checks. Never raises for the plugin's faults.
+    ``approved``: the approvals to check it against (None: the state dir's, read now)."""
     plugin = Plugin(path)
     try:
         plugin.manifest = await plugin_files.off_loop(load_manifest, path, what=f"reading {MANIFEST_NAME}")
@@ -100,7 +102,8 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
         return plugin
     from runtime import approvals, installer
 
-    held = approvals.check(plugin.manifest, path, state_dir)
+    held = (approvals.check(plugin.manifest, path, state_dir) if approved is None
+            else approvals.check_in(approved, plugin.manifest, path))
     if held:
         plugin.problems = [held]
         return plugin
