@@ -11,7 +11,14 @@ inside its worker:
 Run once under ``strict`` (through the proxy, every layer on) and once under ``none`` (no sandbox,
 no proxy: direct loopback TCP) for the baseline, each through ``toolcell call``.
 
-Usage: ``python benchmarks/egress_bench.py [--n 300] [--mb 256]``
+With ``--https``: what a secret costs (``runtime.plugin_secrets``). An HTTPS upstream (a separate
+process, certificate from ``trustme``) is reached twice from one ``strict`` worker, both through the
+proxy: as ``localhost`` (a secret is bound to it: the proxy terminates TLS, checks the upstream,
+relays HTTP/1.1 and puts the value in) and as ``127.0.0.1`` (a plain tunnel, TLS end to end). Each
+way: ``fresh`` (connect, CONNECT, TLS, one GET) and ``keep-alive`` (one GET in an open connection),
+median and p99 of ``--n`` requests, alternated between the two ways.
+
+Usage: ``python benchmarks/egress_bench.py [--n 300] [--mb 256]`` or ``... --https [--n 300]``
 """
 
 from __future__ import annotations
@@ -133,11 +140,163 @@ def bench(port: int, n: int = 300, mb: int = 256) -> dict:
 '''
 
 
+HTTPS_UPSTREAM = r"""
+import http.server, ssl, sys
+
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def do_GET(self):
+        body = b"ok " + self.headers.get("authorization", "").encode()[:8]
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+srv.daemon_threads = True
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[1])
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"""
+
+HTTPS_PLUGIN = r'''
+import http.client
+import os
+import ssl
+import statistics
+import time
+
+from sandbox import tool
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _context():
+    ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])  # the egress CA (and the system's)
+    ctx.load_verify_locations(os.path.join(HERE, "upstream-ca.pem"))   # the upstream's, for the plain tunnel
+    return ctx
+
+
+def _conn(host, port, ctx):
+    phost, _, pport = os.environ["HTTPS_PROXY"].removeprefix("http://").rpartition(":")
+    c = http.client.HTTPSConnection(phost, int(pport), context=ctx, timeout=30)
+    c.set_tunnel(host, port)
+    return c
+
+
+def _get(c):
+    c.request("GET", "/", headers={"Authorization": "Bearer " + os.environ["BENCH_TOKEN"]})
+    r = c.getresponse()
+    body = r.read()
+    assert r.status == 200, (r.status, body)
+    return body
+
+
+def _pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))]
+
+
+@tool
+def bench_https(port: int, n: int = 300) -> dict:
+    ctx = _context()
+    ways = {"secret (TLS terminated)": "localhost", "tunnel (TLS end to end)": "127.0.0.1"}
+    fresh = {w: [] for w in ways}
+    kept = {w: [] for w in ways}
+    open_ = {w: _conn(h, port, ctx) for w, h in ways.items()}
+    saw = {w: _get(c) for w, c in open_.items()}
+    for _ in range(n):
+        for way, host in ways.items():
+            t = time.perf_counter()
+            c = _conn(host, port, ctx)
+            _get(c)
+            fresh[way].append((time.perf_counter() - t) * 1000)
+            c.close()
+            t = time.perf_counter()
+            _get(open_[way])
+            kept[way].append((time.perf_counter() - t) * 1000)
+    return {w: {"fresh_p50_ms": round(statistics.median(fresh[w]), 3), "fresh_p99_ms": round(_pct(fresh[w], 0.99), 3),
+                "keepalive_p50_ms": round(statistics.median(kept[w]), 3),
+                "keepalive_p99_ms": round(_pct(kept[w], 0.99), 3), "upstream_saw": saw[w].decode()[:11]}
+            for w in ways}
+'''
+
+
+def https_main(n: int) -> int:
+    import trustme  # the test extra: only this mode needs it
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        ca = trustme.CA()
+        server_pem = Path(tmp) / "server.pem"
+        ca.issue_cert("localhost", "127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(server_pem))
+        upstream = subprocess.Popen([sys.executable, "-c", HTTPS_UPSTREAM, str(server_pem)], stdout=subprocess.PIPE,
+                                    text=True)
+        try:
+            assert upstream.stdout is not None
+            port = int(upstream.stdout.readline())
+            folder = Path(tmp) / "plugins" / "httpsbench"
+            folder.mkdir(parents=True)
+            for d in (folder, folder.parent):
+                d.chmod(0o755)
+            (folder / "plugin.toml").write_text(textwrap.dedent(f"""\
+                name = "httpsbench"
+                version = "1"
+                entry = "httpsbench"
+                [limits]
+                timeout_s = 600
+                cpu_s = 600
+                [permissions]
+                network = ["localhost:{port}", "127.0.0.1:{port}"]
+                [secrets.BENCH_TOKEN]
+                host = "localhost"
+                """))
+            (folder / "httpsbench.py").write_text(HTTPS_PLUGIN)
+            ca.cert_pem.write_to_path(str(folder / "upstream-ca.pem"))
+            for f in folder.iterdir():
+                f.chmod(0o644)
+            config = Path(tmp) / "toolcell.toml"
+            config.write_text(f'state_dir = "{tmp}/state"\negress_ca_file = "{folder / "upstream-ca.pem"}"\n'
+                              '[secrets]\nBENCH_TOKEN = { env = "BENCH_TOKEN_VALUE" }\n')
+            res = subprocess.run(
+                [sys.executable, "-m", "runtime.cli", "call", "bench_https", json.dumps({"port": port, "n": n}),
+                 "--plugins", str(folder.parent), "--policy", "strict", "--config", str(config), "--log-level", "error"],
+                cwd=str(REPO), capture_output=True, text=True, timeout=1200, check=False,
+                env={**os.environ, "BENCH_TOKEN_VALUE": "realvalue-0123456789"})
+            if res.returncode != 0:
+                print(res.stdout, res.stderr, file=sys.stderr)
+                return 1
+            result = json.loads(res.stdout)["structuredContent"]
+            result = result.get("result", result)
+        finally:
+            upstream.kill()
+            upstream.wait()
+    print(f"# egress https: {platform.node()} {platform.machine()} {os.cpu_count()} CPUs, Python "
+          f"{platform.python_version()}, load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d')}, n={n}, strict")
+    print("| path (plugin → proxy → upstream) | fresh p50 ms | fresh p99 ms | keep-alive p50 ms | keep-alive p99 ms | "
+          "upstream saw |")
+    print("|---|---:|---:|---:|---:|---|")
+    for way, r in result.items():
+        print(f"| {way} | {r['fresh_p50_ms']} | {r['fresh_p99_ms']} | {r['keepalive_p50_ms']} | {r['keepalive_p99_ms']} "
+              f"| `{r['upstream_saw']}` |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--mb", type=int, default=256)
+    ap.add_argument("--https", action="store_true", help="a secret-bound host (TLS terminated) vs a plain tunnel")
     args = ap.parse_args()
+    if args.https:
+        return https_main(args.n)
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM], stdout=subprocess.PIPE, text=True)
     try:
         assert upstream.stdout is not None

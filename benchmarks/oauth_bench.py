@@ -49,7 +49,23 @@ scope_prefix = "toolcell:"
 '''
 
 
-def _bench(url: str, token: str, seconds: float, concurrency: int) -> dict[str, float]:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds used so far by the daemon and every process under it (its workers)."""
+    import psutil
+
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _bench(url: str, pid: int, token: str, seconds: float, concurrency: int) -> dict[str, float]:
+    before = _cpu_s(pid)
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run([sys.executable, "-m", "runtime.cli", "bench", url, "--token", token, "--tool", "a_echo",
                         "--args", '{"text": "hi"}', "-c", str(concurrency), "-d", str(seconds), "--warmup", "1",
@@ -57,8 +73,9 @@ def _bench(url: str, token: str, seconds: float, concurrency: int) -> dict[str, 
                        stdout=subprocess.DEVNULL)
         report = json.loads(Path(out.name).read_bytes())
     row = report["summary"][0]
+    used = _cpu_s(pid) - before
     return {"calls_per_s": row["calls_per_s"], "p50_ms": row["latency"]["p50_ms"], "p99_ms": row["latency"]["p99_ms"],
-            "errors": sum(row["errors"].values())}
+            "errors": sum(row["errors"].values()), "cpu_us": used / max(1.0, row["calls_per_s"] * (seconds + 1)) * 1e6}
 
 
 def _verify_cost(issuer: Issuer, alg: str, rounds: int) -> float:
@@ -97,8 +114,8 @@ def main() -> int:
             jwt_token = issuer.token(scope="toolcell:*", exp=int(time.time()) + 3600)
             runs: dict[str, list[dict[str, float]]] = {"static token": [], "OAuth JWT": []}
             for _ in range(args.repeat):
-                runs["static token"].append(_bench(server.url, STATIC, args.seconds, args.concurrency))
-                runs["OAuth JWT"].append(_bench(server.url, jwt_token, args.seconds, args.concurrency))
+                runs["static token"].append(_bench(server.url, server.proc.pid, STATIC, args.seconds, args.concurrency))
+                runs["OAuth JWT"].append(_bench(server.url, server.proc.pid, jwt_token, args.seconds, args.concurrency))
             costs = {alg: _verify_cost(issuer, alg, 300) for alg in ("RS256", "ES256")}
         finally:
             stop_server(server)
@@ -107,12 +124,16 @@ def main() -> int:
     print(f"# oauth_bench: HTTP c={args.concurrency}, {args.repeat} alternating rounds x {args.seconds:g} s; "
           f"Python {platform.python_version()}, {os.cpu_count()} cores")
     sep = "|" if args.markdown else " "
-    print(sep.join(["token", "calls/s (median)", "vs static", "p50 ms", "p99 ms", "errors"]))
+    static_cpu = statistics.median(r["cpu_us"] for r in runs["static token"])
+    print(sep.join(["token", "calls/s (median)", "vs static", "server CPU µs/call", "vs static", "p50 ms", "p99 ms",
+                    "errors"]))
     if args.markdown:
-        print("|".join(["---"] * 6))
+        print("|".join(["---"] * 8))
     for name, rows in runs.items():
         cps = statistics.median(r["calls_per_s"] for r in rows)
-        print(sep.join([name, f"{cps:,.0f}", f"{cps / static:.3f}", f"{statistics.median(r['p50_ms'] for r in rows):.2f}",
+        cpu = statistics.median(r["cpu_us"] for r in rows)
+        print(sep.join([name, f"{cps:,.0f}", f"{cps / static:.3f}", f"{cpu:,.0f}", f"{cpu / static_cpu:.3f}",
+                        f"{statistics.median(r['p50_ms'] for r in rows):.2f}",
                         f"{statistics.median(r['p99_ms'] for r in rows):.2f}", f"{sum(r['errors'] for r in rows):.0f}"]))
     for alg, us in costs.items():
         print(f"first check of a new {alg} token: {us:.0f} µs (once per token; then remembered until it expires)")

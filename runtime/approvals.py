@@ -113,6 +113,8 @@ def grants(manifest: Manifest, secret: bytes = b"") -> dict[str, Any]:
         "isolation": manifest.isolation,
         "dependencies": sorted(set(manifest.dependencies)),
         "allow_source_builds": manifest.allow_source_builds,
+        # Each secret -> the host its value is sent to (the values are the operator's, never recorded).
+        "secrets": {name: spec.host for name, spec in sorted(manifest.secrets.items())},
     }
 
 
@@ -217,6 +219,12 @@ def _env(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
         elif values.get(v) != asked["env_values"][v]:
             more.append(f"env {v}: a different fixed value")  # values are secrets: never shown
     return more
+
+
+def _secrets(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
+    ok = approved.get("secrets", {})
+    return [f"+ secret {name} sent to {host}" if name not in ok else f"secret {name}: sent to {ok[name]} -> {host}"
+            for name, host in asked["secrets"].items() if ok.get(name) != host]
 
 
 def _runs(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
@@ -331,6 +339,8 @@ FIELDS: dict[str, Covered | NotCovered] = {
     "isolation": Covered('"per_call" -> "pooled": one process, and its module state, serves every caller', _isolation),
     "dependencies": Covered("an added requirement", _added("dependencies", "dependency")),
     "allow_source_builds": Covered("false -> true", _source_builds),
+    "secrets.*.host": Covered("a new secret -> host binding, or a binding's host changed: the operator's value "
+                              "goes where the manifest says", _secrets),
     "version": NotCovered("a label: the folder's code may change under any version, and is not what is approved"),
     "entry": NotCovered("which module of the folder's own code runs: that code is not what is approved (any file "
                         "of the folder may change), the grants it runs with are"),
@@ -388,6 +398,9 @@ def describe(manifest: Manifest) -> list[str]:
     env = [f"{v} (the daemon's value)" for v in g["env_allow"]]
     env += [f"{v} (a fixed value)" for v in g["env_set"] if v not in g["env_allow"]]
     lines.append(f"  env:      {', '.join(env) or '(none)'}")
+    if g["secrets"]:
+        lines.append("  secrets:  " + ", ".join(f"{name} -> {host}" for name, host in g["secrets"].items())
+                     + " (the operator's values, put into requests to these hosts only)")
     lines.append(f"  limits:   timeout {lim.timeout_s:g} s, memory {lim.memory_mb} MB, cpu {lim.cpu_s} s, "
                  f"processes {lim.max_processes}, concurrency {lim.max_concurrency}")
     return lines
@@ -441,7 +454,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "name": str, "prefix": str, "read": list, "write": list, "real": dict, "network": list, "env": list,
     "env_allow": list, "env_set": list, "env_values": dict, "limits": dict, "bin": str, "args": list, "instances": int,
     "per_principal": bool, "max_principals": int, "cancel_grace_s": (int, float), "start_timeout_s": (int, float),
-    "isolation": str, "dependencies": list, "allow_source_builds": bool}
+    "isolation": str, "dependencies": list, "allow_source_builds": bool, "secrets": dict}
 
 
 def _is(value: Any, kind: type | tuple[type, ...]) -> bool:

@@ -9,6 +9,11 @@ Example ``toolcell.toml``::
     max_message_bytes = 16777216
     log_level = "info"
 
+    egress_ca_file = "/etc/ssl/internal-ca.pem"   # optional: more CAs the egress proxy trusts upstream
+
+    [secrets]                  # values of plugins' secrets (runtime.plugin_secrets); never logged
+    GITHUB_TOKEN = { env = "GH_TOKEN" }          # or { file = "/run/secrets/gh" }, { credential = "gh" }
+
     [tasks]                    # long-running tool calls (MCP tasks): where they are kept, limits
     store = "redis://tasks.internal:6379/0"   # default: SQLite, tasks.sqlite3 in state_dir
     max_live_per_principal = 100
@@ -28,6 +33,7 @@ from msgspec import Meta
 from runtime import declared_bounds
 
 from runtime.http_config import HttpConfig, check_http_config
+from runtime.plugin_secrets import SecretSource, check_sources
 from runtime.task_store import Limits, parse_store_url
 
 def _bundled_plugins() -> Path:
@@ -158,6 +164,11 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     tasks: TasksConfig = msgspec.field(default_factory=TasksConfig)
     #: Where approvals are kept: the state dir, or a Redis shared by replicas (see ``ApprovalsConfig``).
     approvals: ApprovalsConfig = msgspec.field(default_factory=ApprovalsConfig)
+    #: Where the values of plugins' secrets come from, by name (``runtime.plugin_secrets``).
+    secrets: dict[str, SecretSource] = {}
+    #: More CAs (a PEM file) the egress proxy trusts, beside the system's, when it checks a host a
+    #: secret is bound to (an internal CA).
+    egress_ca_file: str | None = None
 
 
 class ConfigError(Exception):
@@ -186,8 +197,11 @@ def secure_state_dir(path: str) -> None:
 
 def check_config(cfg: Config) -> list[str]:
     """Problems the field declarations cannot state (bounds and choices are declared on the fields)."""
-    return (check_http_config(cfg.http) + check_tasks_config(cfg.tasks, cfg.state_dir)
-            + check_approvals_config(cfg.approvals))
+    problems = (check_http_config(cfg.http) + check_tasks_config(cfg.tasks, cfg.state_dir) + check_sources(cfg.secrets)
+                + check_approvals_config(cfg.approvals))
+    if cfg.egress_ca_file is not None and not os.path.isfile(cfg.egress_ca_file):
+        problems.append(f"egress_ca_file {cfg.egress_ca_file}: no such file")
+    return problems
 
 
 def _with_tokens_file(raw: dict[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from runtime.tasks import TaskManager
 from runtime.protocol.core import Core
 from runtime.protocol.catalog import Catalog
 from runtime.fingerprints import fingerprint, stat_signature
+from runtime.plugin_secrets import SecretStore
 from runtime.spares import Spares
 from runtime.spares import installed as spares_installed
 from runtime.processes import become_subreaper, serve_reaper, sweep_stale_scratch
@@ -75,6 +76,8 @@ class Daemon:
         #: Set on SIGTERM for ``http.drain_s`` before the listeners close: ``/healthz`` says "draining"
         #: (so a balancer stops sending) while requests are still served.
         self.draining = False
+        #: The operator's values of plugins' secrets, and the placeholder key of this daemon run.
+        self.secrets = SecretStore(config.secrets, config.state_dir, config.egress_ca_file)
         #: The spare worker interpreter (``runtime.spares``), once serving.
         self.spares: Spares | None = None
         #: Where approvals are kept (``runtime.approvals``): read once per load or reload.
@@ -107,7 +110,7 @@ class Daemon:
             async with self._load_limiter:
                 try:
                     plugin = await load_plugin(path, self.nursery, self.config.policy, self.config.state_dir,
-                                               self.config.min_workers, describe_only, approved)
+                                               self.config.min_workers, describe_only, self.secrets, approved)
                 except Exception as exc:  # our bug, met by this folder: it is refused, the others load
                     log("internal_error", level="error", where="plugin load", path=str(path),
                         error=f"{type(exc).__name__}: {str(exc)[:300]}")

@@ -14,6 +14,10 @@ How this works:
 * ``runtime.egress_rules`` decides; this module resolves the name (the plugin has no DNS) and dials a
   vetted address, never the name again. Answers: 200 tunnel open, 400 malformed, 403 refused (with the
   reason), 408 head too slow, 502 unresolvable or unreachable, 503 too many connections.
+* A ``CONNECT`` to a host one of the plugin's secrets is bound to (``runtime.plugin_secrets``) is not a
+  byte tunnel: the proxy checks the real host's certificate first (502 if it fails), then answers 200,
+  terminates the plugin's TLS with a leaf of the daemon's egress CA (``runtime.egress_tls``) and relays
+  HTTP/1.1, putting the values in (``runtime.egress_relay``). Plain-HTTP requests never get a value.
 * Tunnels end on an idle timeout or a byte cap per direction. Every connection is one ``egress`` log
   line (plugin, host, port, address, outcome, bytes each way). A connection's failure, whatever it is,
   ends that connection only; the accept loop and the daemon go on.
@@ -25,10 +29,11 @@ import errno
 import ipaddress
 import os
 import socket
+import ssl
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import h11
 import psutil
@@ -45,7 +50,10 @@ from runtime.egress_rules import (
     split_host_port,
     vet,
 )
+from runtime.egress_relay import Prefixed, relay
+from runtime.egress_tls import EgressTLSError
 from runtime.logs import log
+from runtime.plugin_secrets import Binding, PluginSecrets
 from runtime.protocol.errors import WorkerFailure
 
 HEAD_TIMEOUT_S = 10.0
@@ -151,6 +159,8 @@ class _Record:
     reason: str = ""
     bytes_up: int = 0
     bytes_down: int = 0
+    #: Names of the secrets put into this connection's requests (never their values).
+    secrets: set[str] = field(default_factory=set)
 
 
 async def _answer(stream: trio.SocketStream, conn: h11.Connection, status: int, text: str,
@@ -307,7 +317,7 @@ def _forward_headers(headers: list[tuple[bytes, bytes]], host: str) -> list[tupl
     return out
 
 
-async def _serve_one(stream: trio.SocketStream, grant: Grant, rec: _Record) -> None:
+async def _serve_one(stream: trio.SocketStream, grant: Grant, rec: _Record, secrets: PluginSecrets | None) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
     try:
         with trio.fail_after(HEAD_TIMEOUT_S):
@@ -345,6 +355,11 @@ async def _serve_one(stream: trio.SocketStream, grant: Grant, rec: _Record) -> N
         return
     rec.address = str(ip)
     rec.outcome = "ok"
+    bindings = secrets.for_host(host) if tunnel and secrets is not None else ()
+    if bindings:
+        assert secrets is not None
+        await _serve_bound(stream, conn, upstream, host, secrets, bindings, rec)
+        return
     async with upstream:
         if tunnel:
             await _answer(stream, conn, 200, "", rec)
@@ -381,10 +396,47 @@ async def _serve_one(stream: trio.SocketStream, grant: Grant, rec: _Record) -> N
         await _splice(stream, upstream, rec, forward_request=forward_request)
 
 
-async def _handle(stream: trio.SocketStream, grant: Grant, rec: _Record, release: trio.Semaphore) -> None:
+async def _serve_bound(stream: trio.SocketStream, conn: h11.Connection, upstream: trio.SocketStream, host: str,
+                       secrets: PluginSecrets, bindings: tuple[Binding, ...], rec: _Record) -> None:
+    """A CONNECT to a host secrets are bound to: TLS to the real host (its certificate checked) and from
+    the plugin (a leaf of the egress CA), then HTTP/1.1 relayed with the values put in."""
+    rec.kind = "connect+secrets"
+    assert secrets.ca is not None
+    try:
+        server_ctx = await trio.to_thread.run_sync(secrets.ca.server_context, normalize_host(host))
+        outward = trio.SSLStream(upstream, secrets.ca.upstream_context(), server_hostname=normalize_host(host),
+                                 https_compatible=True)
+    except (EgressTLSError, ssl.SSLError, OSError) as exc:
+        await upstream.aclose()
+        await _answer(stream, conn, 502, f"TLS toward {host} cannot be set up: {exc}", rec)
+        return
+    async with outward:
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT_S):
+                await outward.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            cause = exc.__cause__ or exc
+            await _answer(stream, conn, 502, f"TLS with {host} failed, nothing was sent: "
+                                             f"{getattr(cause, 'verify_message', None) or cause or type(cause).__name__}",
+                          rec)
+            return
+        await _answer(stream, conn, 200, "", rec)
+        early, _closed = conn.trailing_data
+        inward = trio.SSLStream(Prefixed(stream, bytes(early)), server_ctx, server_side=True, https_compatible=True)
+        try:
+            with trio.fail_after(HEAD_TIMEOUT_S):
+                await inward.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            rec.outcome, rec.reason = "tls_failed", f"the plugin's TLS handshake failed: {exc.__cause__ or exc}"
+            return
+        await relay(inward, outward, bindings, rec, idle_s=IDLE_TIMEOUT_S, max_bytes=MAX_TUNNEL_BYTES)
+
+
+async def _handle(stream: trio.SocketStream, grant: Grant, rec: _Record, release: trio.Semaphore,
+                  secrets: PluginSecrets | None = None) -> None:
     started = trio.current_time()
     try:
-        await _serve_one(stream, grant, rec)
+        await _serve_one(stream, grant, rec, secrets)
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass  # the plugin went away mid-request: nothing to answer
     except Exception as exc:  # noqa: BLE001 (our bug: this connection fails, the proxy and the daemon go on)
@@ -397,11 +449,11 @@ async def _handle(stream: trio.SocketStream, grant: Grant, rec: _Record, release
         log("egress", level="info" if rec.outcome in ("ok", "closed") else "warning",
             plugin=rec.plugin, pid=rec.pid, kind=rec.kind, host=rec.host, port=rec.port, address=rec.address,
             outcome=rec.outcome, reason=rec.reason, bytes_up=rec.bytes_up, bytes_down=rec.bytes_down,
-            duration_ms=round((trio.current_time() - started) * 1000, 1))
+            **({"secrets": sorted(rec.secrets)} if rec.secrets else {}), duration_ms=round((trio.current_time() - started) * 1000, 1))
 
 
 def start_proxy(nursery: trio.Nursery, grant: Grant | None, plugin: str, pid: int, fds: list[int], port: int,
-                already: bool) -> trio.CancelScope:
+                already: bool, secrets: PluginSecrets | None = None) -> trio.CancelScope:
     """Serve the proxy listener a worker handed over (the first of ``fds``, see ``adopt_listener``)
     in ``nursery``; returns the scope that ends it. ``already``: this worker has a proxy running.
 
@@ -414,12 +466,12 @@ def start_proxy(nursery: trio.Nursery, grant: Grant | None, plugin: str, pid: in
     except ValueError as exc:
         raise WorkerFailure("garbage", str(exc)) from None
     scope = trio.CancelScope()
-    nursery.start_soon(serve_proxy, listener, grant, plugin, pid, scope)
+    nursery.start_soon(serve_proxy, listener, grant, plugin, pid, scope, secrets)
     return scope
 
 
 async def serve_proxy(listener: socket.socket, grant: Grant, plugin: str, pid: int,
-                      scope: trio.CancelScope) -> None:
+                      scope: trio.CancelScope, secrets: PluginSecrets | None = None) -> None:
     """Accept the worker's connections on ``listener`` until ``scope`` is cancelled; never raises.
 
     Closing the listener (and every open connection) is part of ending: a discarded worker leaves
@@ -449,7 +501,7 @@ async def serve_proxy(listener: socket.socket, grant: Grant, plugin: str, pid: i
                     except trio.WouldBlock:
                         nursery.start_soon(_busy, stream, plugin, pid)
                         continue
-                    nursery.start_soon(_handle, stream, grant, _Record(plugin, pid), slots)
+                    nursery.start_soon(_handle, stream, grant, _Record(plugin, pid), slots, secrets)
     except Exception as exc:  # noqa: BLE001 (our bug: the plugin loses its network, the daemon goes on)
         log("internal_error", level="error", where="egress accept loop", error=f"{type(exc).__name__}: {exc}")
     finally:

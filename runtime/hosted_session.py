@@ -283,7 +283,7 @@ class Instance:
         ipc = self.ipc
         assert ipc is not None
         init = wire.Init(plugin_name=m.name, plugin_dir=runner.spec.plugin_dir, entry="", sys_path=WORKER_SYS_PATH,
-                         env=env, limits=m.limits, permissions=m.permissions, policy=runner.spec.policy,
+                         env=env, limits=m.limits, permissions=runner.spec.permissions(), policy=runner.spec.policy,
                          scratch_dir=self.scratch, command=list(runner.argv), command_read=list(runner.command_read))
         if not ipc.write(wire.encode_frame(init)):
             raise WorkerFailure("crashed", "the worker process exited unexpectedly")
@@ -291,7 +291,7 @@ class Instance:
             msg = await ipc.read_message(with_fds=True)
             if isinstance(msg, wire.EgressListener):
                 self.egress = egress.start_proxy(runner.nursery, runner.grant, runner.name, self.pid, ipc.fds, msg.port,
-                                                 self.egress is not None)
+                                                 self.egress is not None, runner.spec.secrets)
                 msg = await ipc.read_message(with_fds=True)
         finally:
             ipc.close_fds()

@@ -28,6 +28,9 @@ Example::
     read = ["/usr/share/zoneinfo"]
     write = []
 
+    [secrets.GITHUB_TOKEN]       # the worker sees a placeholder; the egress proxy puts the operator's
+    host = "api.github.com"      # value into requests to this host only (runtime.plugin_secrets)
+
     [tools.word_count]           # per tool (its name without the prefix); overrides the decorator
     task_support = "optional"    # forbidden | optional | required: may a call run as a task
     task_after_ms = 500          # 2026-07-28: a task only if not finished after 500 ms
@@ -44,8 +47,9 @@ import msgspec
 from msgspec import Meta
 
 from runtime import declared_bounds, plugin_files
-from runtime.egress_rules import parse_entry
+from runtime.egress_rules import Entry, parse_entry
 from runtime.plugin_files import excerpt
+from runtime.plugin_secrets import SecretSpec, check_bindings
 from runtime.server_spec import ServerSpec, check_requirements, check_server
 from sandbox.wire import Limits, Permissions
 
@@ -103,6 +107,8 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     permissions: Permissions = Permissions()
     #: Per-tool policy by the tool's name in the plugin (without the prefix).
     tools: dict[str, ToolPolicy] = {}
+    #: Secrets by variable name, each bound to the one host it is sent to (``runtime.plugin_secrets``).
+    secrets: dict[str, SecretSpec] = {}
 
 
 class ManifestError(Exception):
@@ -143,11 +149,13 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
             problems.append(f"env: {excerpt(var)} is not a variable name")
         elif _ENV_FORBIDDEN.match(var):
             problems.append(f"env: {excerpt(var)} may not be passed to a plugin")
+    entries: list[Entry] = []
     for entry in m.permissions.network:
         try:
-            parse_entry(entry)
+            entries.append(parse_entry(entry))
         except ValueError as exc:
             problems.append(f"permissions.network: {exc} (use host:port, *.domain:port, an IP or [IPv6]:port)")
+    problems.extend(check_bindings(m.secrets, entries, [*m.env.allow, *m.env.set]))
     for kind, paths in (("read", m.permissions.read), ("write", m.permissions.write)):
         for p in paths:
             if not p.startswith("/"):

@@ -21,6 +21,7 @@ from runtime.logs import log
 from runtime.manifest import MANIFEST_NAME, Manifest, ManifestError, load_manifest
 from runtime.protocol.catalog import ToolEntry
 from runtime.protocol.schemas import check_tool
+from runtime.plugin_secrets import SecretError, SecretStore
 from runtime.processes import PoolSpec
 from runtime.workers import PluginLoadError, WorkerPool
 from sandbox import wire
@@ -88,9 +89,12 @@ def discover(dirs: Iterable[str]) -> list[Path]:
 
 
 async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir: str, min_workers: int,
-                      describe_only: bool = False, approved: Snapshot | None = None) -> Plugin:
+                      describe_only: bool = False, secrets: SecretStore | None = None,
+                      approved: Snapshot | None = None) -> Plugin:
     """Load one plugin: manifest, first worker, tool checks. Never raises for the plugin's faults.
-    ``approved``: the approvals to check it against (None: the state dir's, read now)."""
+
+    ``secrets``: the operator's values for plugins' secrets (none when not given). ``approved``: the
+    approvals to check it against (None: the state dir's, read now)."""
     plugin = Plugin(path)
     try:
         plugin.manifest = await plugin_files.off_loop(load_manifest, path, what=f"reading {MANIFEST_NAME}")
@@ -107,6 +111,14 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
     if held:
         plugin.problems = [held]
         return plugin
+    bound = None
+    if plugin.manifest.secrets:
+        store = secrets if secrets is not None else SecretStore({}, state_dir)
+        try:
+            bound = store.for_plugin(plugin.manifest.name, plugin.manifest.secrets)
+        except SecretError as exc:
+            plugin.problems = [exc.reason]
+            return plugin
     extra_sys_path: tuple[str, ...] = ()
     if plugin.manifest.dependencies:
         try:
@@ -118,7 +130,7 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
             return plugin
         extra_sys_path = (env.site,)
     spec = PoolSpec(plugin.manifest, str(path), policy, state_dir, min_workers=min_workers, describe_only=describe_only,
-                    extra_sys_path=extra_sys_path)
+                    extra_sys_path=extra_sys_path, secrets=bound)
     if plugin.manifest.kind == "server":
         return await _load_server(plugin, spec, nursery)
     pool = WorkerPool(spec, nursery)

@@ -24,6 +24,8 @@ import trio
 
 import sandbox
 from runtime.manifest import Manifest
+from runtime.plugin_secrets import PluginSecrets
+from sandbox.wire import Permissions
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(sandbox.__file__)))
 _PYTHON = os.path.realpath(sys.executable)
@@ -207,11 +209,20 @@ class PoolSpec:
     #: Put before the daemon's own paths on the worker's ``sys.path``: the plugin's installed
     #: requirements (``runtime.installer``), readable by its workers only.
     extra_sys_path: tuple[str, ...] = ()
+    #: The plugin's secrets (``runtime.plugin_secrets``): placeholders in the environment, values for
+    #: the egress proxy only.
+    secrets: PluginSecrets | None = None
 
     @staticmethod
     def base_env() -> dict[str, str]:
         """What every worker's environment starts from (and all a spare worker has)."""
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": os.environ.get("TZ", "UTC")}
+
+    def permissions(self) -> Permissions:
+        """The manifest's permissions, and the CA bundle a plugin with secrets reads."""
+        p = self.manifest.permissions
+        extra = self.secrets.read_paths() if self.secrets is not None else []
+        return msgspec.structs.replace(p, read=[*p.read, *extra]) if extra else p
 
     def env(self, token: str = "") -> dict[str, str]:
         env = self.base_env()
@@ -219,6 +230,8 @@ class PoolSpec:
             if name in os.environ:
                 env[name] = os.environ[name]
         env.update(self.manifest.env.set)
+        if self.secrets is not None:
+            env.update(self.secrets.worker_env())
         env[WORKER_MARKER] = f"{self.manifest.name}:{token}"
         return env
 

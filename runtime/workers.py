@@ -304,7 +304,7 @@ class WorkerPool:
             sys_path=[*self.spec.extra_sys_path, *WORKER_SYS_PATH],
             env=self.spec.env(token),
             limits=m.limits,
-            permissions=m.permissions,
+            permissions=self.spec.permissions(),
             policy=self.spec.policy,
             scratch_dir=scratch,
             mode=m.isolation,
@@ -391,7 +391,7 @@ class WorkerPool:
     def _start_egress(self, worker: Worker, msg: wire.EgressListener) -> None:
         """Serve the proxy socket the worker handed over (see ``runtime.egress``)."""
         worker.egress = egress.start_proxy(self.nursery, self.grant, self.name, worker.pid, worker.fds, msg.port,
-                                           worker.egress is not None)
+                                           worker.egress is not None, self.spec.secrets)
 
     def _check_layers(self, ready: wire.Ready, worker: Worker) -> str | None:
         from runtime.policy import EGRESS_LAYER, check_layers

@@ -216,6 +216,8 @@ WIDENINGS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], str, 
     "isolation": (PLUGIN, {"isolation": "per_call"}, {}, "isolation: 'per_call' -> 'pooled'", False),
     "dependencies": (PLUGIN, {}, {"dependencies": ["six"]}, "+ dependency six", False),
     "allow_source_builds": (PLUGIN, {}, {"allow_source_builds": True}, "allow_source_builds: false -> true", False),
+    "secrets.*.host": (SERVER, {"secrets": {"TOKEN": {"host": "a.example"}}}, {"secrets": {"TOKEN": {"host": "b.example"}}},
+                       "secret TOKEN: sent to a.example -> b.example", True),
 }
 #: field -> (base, another value): changes an approval does not look at.
 UNCOVERED: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -310,3 +312,20 @@ def test_an_approval_recorded_before_values_and_isolation_were_compared_is_appro
     del data["plugins"][approvals.key(folder)]["grants"]["isolation"]
     (state / "approvals.json").write_text(json.dumps(data))
     assert approvals.check(per_call, folder, str(state)) is None
+
+
+def test_a_new_secret_binding_is_held_and_one_dropped_loads(tmp_path: Path) -> None:
+    state, folder = tmp_path / "state", tmp_path / "p"
+    one = _merged(SERVER, {"secrets": {"TOKEN": {"host": "a.example"}}})
+    two = _merged(SERVER, {"secrets": {"TOKEN": {"host": "a.example"}, "OTHER": {"host": "a.example"}}})
+    approved(state, folder, one)
+    held = approvals.check(two, folder, str(state))
+    assert held is not None and "+ secret OTHER sent to a.example" in held and "TOKEN" not in held, held
+    assert approvals.check(_merged(SERVER, {}), folder, str(state)) is None
+    assert "secrets:  TOKEN -> a.example" in "\n".join(approvals.describe(one))
+    # Approved before secrets were recorded: a binding is approved once more.
+    data = json.loads((state / "approvals.json").read_text())
+    del data["plugins"][approvals.key(folder)]["grants"]["secrets"]
+    (state / "approvals.json").write_text(json.dumps(data))
+    held = approvals.check(one, folder, str(state))
+    assert held is not None and "+ secret TOKEN sent to a.example" in held, held
