@@ -561,19 +561,6 @@ class StateDirBook:
         return None
 
 
-def book_for(config: Any) -> Book:
-    """Where ``config`` (a ``runtime.config.Config``) keeps approvals: its ``[approvals] store``, else the
-    state dir."""
-    shared = config.approvals
-    if shared.store is None:
-        return StateDirBook(config.state_dir)
-    # Imported only here: redis-py takes about 0.3 s to import, which a daemon without it never pays.
-    from runtime.approvals_shared import RedisBook
-
-    assert shared.key_file is not None  # ``runtime.config.check_approvals_config`` requires it
-    return RedisBook(shared.store, shared.key_file)
-
-
 def new_record(manifest: Manifest, secret: bytes, how: str) -> dict[str, Any]:
     """The record of a person approving what ``manifest`` asks for (fixed values keyed by ``secret``)."""
     return {"grants": grants(manifest, secret), "name": manifest.name, "version": manifest.version, "how": how,

@@ -25,15 +25,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import redis
-import redis.exceptions
-
-from runtime.approvals import ApprovalsError, Snapshot, checked_record, key, new_record
+from runtime.approvals import ApprovalsError, Book, Snapshot, StateDirBook, checked_record, key, new_record
 from runtime.manifest import Manifest
 from runtime.mrtr import read_key_file
 from runtime.task_store import redact_store_url
+
+if TYPE_CHECKING:
+    import redis
 
 #: A record larger than this is not read (a real one is a few kB).
 MAX_RECORD_BYTES = 1 << 20
@@ -65,6 +65,11 @@ class RedisBook:
         self.where = f"{redact_store_url(url)} ({namespace}:approvals)"
         self._hash = f"{namespace}:approvals"
         self._version = f"{namespace}:approvals:version"
+        # Imported only here: redis-py takes about 0.3 s to import, which a daemon without it never pays.
+        import redis
+        import redis.exceptions
+
+        self._errors = (redis.exceptions.RedisError, OSError)
         self._client: redis.Redis = redis.Redis.from_url(url, socket_timeout=TIMEOUT_S,
                                                          socket_connect_timeout=TIMEOUT_S)
 
@@ -83,7 +88,7 @@ class RedisBook:
             return Snapshot(problem=str(exc))
         try:
             raw: dict[bytes, bytes] = self._client.hgetall(self._hash)  # type: ignore[assignment]
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except self._errors as exc:
             return Snapshot(problem=f"the approvals in {self.where} cannot be read: {type(exc).__name__}: {exc}")
         records: dict[str, Any] = {}
         untrusted: dict[str, str] = {}
@@ -121,12 +126,22 @@ class RedisBook:
                 pipe.hset(self._hash, folder, value)
                 pipe.incr(self._version)
                 pipe.execute()
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except self._errors as exc:
             raise ApprovalsError(f"{self.where}: {type(exc).__name__}: {exc}") from None
 
     def version(self) -> str | None:
         try:
             found = self._client.get(self._version)
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except self._errors as exc:
             raise ApprovalsError(f"{self.where}: {type(exc).__name__}: {exc}") from None
         return found.decode("ascii", "replace") if isinstance(found, bytes) else "0"
+
+
+def book_for(config: Any) -> Book:
+    """Where ``config`` (a ``runtime.config.Config``) keeps approvals: its ``[approvals] store``, else the
+    state dir."""
+    shared = config.approvals
+    if shared.store is None:
+        return StateDirBook(config.state_dir)
+    assert shared.key_file is not None  # ``runtime.config.check_approvals_config`` requires it
+    return RedisBook(shared.store, shared.key_file)

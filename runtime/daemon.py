@@ -19,7 +19,8 @@ from typing import Any
 import trio
 
 from runtime import plugin_files
-from runtime.approvals import ApprovalsError, Snapshot, book_for
+from runtime.approvals import ApprovalsError, Snapshot
+from runtime.approvals_shared import book_for
 from runtime.config import Config, secure_state_dir
 from runtime.logs import log
 from runtime.plugins import Plugin, awaiting_approval, discover, load_plugin, resolve_conflicts

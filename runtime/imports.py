@@ -38,6 +38,7 @@ from typing import Any, Callable
 import trio
 
 from runtime import approvals, installer
+from runtime.approvals_shared import book_for
 from runtime.manifest import MANIFEST_NAME, ManifestError, load_manifest
 from runtime.server_spec import parse_package
 
@@ -427,7 +428,7 @@ def cmd_import(args: argparse.Namespace, cfg: Any) -> int:
             allow, fixed = _env_for(raw_name, entry.get("env"), inputs, args, asker)
             text = manifest_text(name, f"{raw_name}, imported from {os.path.basename(args.file)}", server, allow, fixed,
                                  read, write, net)
-            if trio.run(_create, into, name, text, cfg.state_dir, approvals.book_for(cfg), asker,
+            if trio.run(_create, into, name, text, cfg.state_dir, book_for(cfg), asker,
                         f"toolcell import {args.file}", args.replace):
                 made += 1
             else:
@@ -453,7 +454,7 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
             allow = sorted({v for v in (args.env or []) if "=" not in v})
             fixed = dict(v.split("=", 1) for v in (args.env or []) if "=" in v)
             text = manifest_text(name, f"{pkg.name}, added with toolcell add", server, allow, fixed, read, write, net)
-            ok = trio.run(_create, into, name, text, cfg.state_dir, approvals.book_for(cfg), asker,
+            ok = trio.run(_create, into, name, text, cfg.state_dir, book_for(cfg), asker,
                           f"toolcell add {args.spec}", args.replace)
             return 0 if ok else 1
         source = Path(args.spec).resolve()
@@ -464,7 +465,7 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
         print("\n".join(approvals.describe(manifest)))
         if not asker.confirm(f"Approve {manifest.name} with these permissions?"):
             return 1
-        approvals.book_for(cfg).write(manifest, str(folder), f"toolcell add {source}")
+        book_for(cfg).write(manifest, str(folder), f"toolcell add {source}")
         if folder != source:
             staging = _staging(cfg.state_dir, manifest.name)
             try:
@@ -499,7 +500,7 @@ def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
               f"{', '.join(cfg.plugins)}", file=sys.stderr)
         return 2
     path, manifest = found[0]
-    book = approvals.book_for(cfg)
+    book = book_for(cfg)
     snapshot = book.read()
     # A record that cannot be trusted (a shared book checks each alone) is replaced by approving again.
     distrusted = snapshot.untrusted.get(approvals.key(path)) if not snapshot.problem else None

@@ -17,7 +17,7 @@ import redis
 from replica_cluster import Redis
 
 from runtime import approvals
-from runtime.approvals_shared import RedisBook, _derived, signature
+from runtime.approvals_shared import RedisBook, _derived, book_for, signature
 from runtime.config import ConfigError, load_config
 from runtime.manifest import Manifest
 
@@ -154,9 +154,9 @@ def test_the_approvals_table_is_checked_and_the_default_stays_the_state_dir(tmp_
         path.write_text(f'state_dir = "{tmp_path / "state"}"\n' + text)
         return load_config(str(path), {})
 
-    assert isinstance(approvals.book_for(config("")), approvals.StateDirBook)
+    assert isinstance(book_for(config("")), approvals.StateDirBook)
     shared = config('[approvals]\nstore = "redis://r:6379/0"\nkey_file = "/run/secrets/approvals.key"\n')
-    assert isinstance(approvals.book_for(shared), RedisBook)
+    assert isinstance(book_for(shared), RedisBook)
     for text, why in [('[approvals]\nstore = "redis://r:6379/0"\n', "needs approvals.key_file"),
                       ('[approvals]\nstore = "sqlite"\nkey_file = "/k"\n', "approvals.store 'sqlite'"),
                       ('[approvals]\nkey_file = "/k"\n', "only with approvals.store")]:
