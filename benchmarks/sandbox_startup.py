@@ -41,7 +41,8 @@ REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 sys.path.insert(0, REPO_ROOT)
 
 from sandbox.isolation import cgroups
-from sandbox.wire import Call, Init, Limits, Permissions, Shutdown, encode_frame, from_worker_decoder, split_frames
+from sandbox.wire import (Call, CallReturned, Init, Limits, Permissions, Shutdown, encode_frame, from_worker_decoder,
+                          split_frames)
 
 PLUGIN = """
 from sandbox import tool
@@ -89,8 +90,10 @@ class Worker:
         deadline = time.monotonic() + timeout_s
         while True:
             self.frames += split_frames(self.buf)
-            if self.frames:
-                return from_worker_decoder.decode(self.frames.pop(0))
+            while self.frames:
+                msg = from_worker_decoder.decode(self.frames.pop(0))
+                if not isinstance(msg, CallReturned):  # follows each Result (sandbox.wire)
+                    return msg
             r, _, _ = select.select([self.sock], [], [], max(deadline - time.monotonic(), 0))
             if not r:
                 raise TimeoutError

@@ -15,7 +15,10 @@ How this works:
   started, are taken back (``_take_back``: a ``CancelCall`` each, answered unrun to a stub) and go to
   the front of the pool's queue, so a slow question never holds up a fast call.
 * Each worker has one reader task that matches ``Result`` frames to the calls in order and relays
-  progress/log frames. The calling task waits on its slot.
+  progress/log frames. The calling task waits on its slot. A call's ``Result`` answers its client at
+  once, but the worker stays busy with it, and its deadline runs, until the worker's runtime sends
+  ``CallReturned`` (plugin code shares the worker's process and can write a ``Result`` of its own,
+  then run on); a second ``Result``, or ``CallReturned`` before any, ends the worker.
 * A call's deadline starts when the call starts running (it heads its worker's queue), as a cancel
   scope deadline. Expiry, client cancellation of a running call, a crash, garbage on the channel or
   an over-size frame all end the same way: the worker's whole process tree is killed (process group,
@@ -638,6 +641,11 @@ class WorkerPool:
                 if not head.finished:
                     head.error = error
                     self._complete(head)
+                elif head.result is not None and error.kind != "unavailable":
+                    # Its client has its answer; nobody else hears why the worker ended.
+                    log("worker_killed_after_answer", level="warning", plugin=self.name, pid=worker.pid,
+                        tool=head.call.tool, reason=error.message,
+                        note="the call was answered, but its code had not returned (sandbox.wire, CallReturned)")
             for slot in reversed(rest):
                 if slot.finished:
                     continue
@@ -672,6 +680,8 @@ class WorkerPool:
                                     f"the client did not answer within {_fmt_s(self.limits.ask_timeout_s)}")
                         nearest = min(nearest, head.deadline)
                     elif head.deadline <= now:
+                        # Also when answered: its code has not returned (plugin code wrote a Result
+                        # itself and ran on), so it is killed all the same (logged by _fail_worker).
                         self._fail_worker(worker, WorkerFailure("timeout", f"timed out after {_fmt_s(self.limits.timeout_s)}"))
                     else:
                         nearest = min(nearest, head.deadline)
@@ -724,12 +734,16 @@ class WorkerPool:
                     head = pending[0] if pending else None
                     kind = type(msg)
                     if kind is wire.Result:
+                        # The answer goes to the client now; the worker stays busy, and the call's
+                        # deadline runs, until its runtime says the call's code returned (CallReturned):
+                        # plugin code can write a Result of its own and run on (``sandbox.wire``).
                         if head is None or msg.id != head.call.id:
                             raise WorkerFailure("garbage", "the worker answered a call it was not given")
+                        if head.result is not None:
+                            raise WorkerFailure("garbage", "the worker answered the same call twice")
                         worker_frames.check_result(msg)
                         if msg.killed:
                             msg = self._name_kill(worker, msg)
-                        pending.popleft()
                         head.result = msg
                         worker.calls += 1
                         if PHASES.on:
@@ -737,18 +751,25 @@ class WorkerPool:
                         self._complete(head)
                         if msg.retire is not None:
                             # Calls sent after this one never run there: back to the pool's queue.
+                            pending.popleft()
                             log("worker_retired", level="warning", plugin=self.name, pid=worker.pid,
                                 reason=str(msg.retire)[:300])
                             self._fail_worker(worker, WorkerFailure("unavailable", "the worker retired"),
                                               head_started=False)
                             return
+                    elif kind is wire.CallReturned:
+                        if head is None or msg.id != head.call.id or head.result is None:
+                            raise WorkerFailure("garbage", "the worker said a call returned before answering it")
+                        pending.popleft()
                         if pending:
                             self._start_deadline(pending[0])
                         else:
                             self._make_available(worker)
-                    elif (kind is wire.Progress or kind is wire.Log) and head is not None and msg.id == head.call.id:
+                    elif (kind is wire.Progress or kind is wire.Log) and head is not None and msg.id == head.call.id \
+                            and head.result is None:
                         self._relay(head, msg, len(raw_frame))
-                    elif kind is wire.Ask and head is not None and msg.id == head.call.id and head.asking is None:
+                    elif kind is wire.Ask and head is not None and msg.id == head.call.id and head.asking is None \
+                            and head.result is None:
                         self._ask(head, msg, worker)
                     else:
                         raise WorkerFailure("garbage", "the worker sent an unexpected frame")

@@ -5,14 +5,17 @@ any executable) rather than code written for ``sandbox.api``. Its worker starts 
 other worker -- ``Init`` over the IPC fd, every isolation layer applied by ``sandbox.isolation`` --
 and then, instead of importing a plugin, comes here:
 
-1. fork; the child drops the IPC fd and ``execve``s ``init.command`` with the environment as the
+1. become undumpable (``PR_SET_DUMPABLE`` 0: the server, same uid, cannot ptrace this process, take
+   its descriptors with ``pidfd_getfd`` or open its ``/proc/<pid>/mem`` and ``/proc/<pid>/fd``);
+   fork; the child closes every fd but stdio and ``execve``s ``init.command`` with the environment as the
    isolation left it (the manifest's allowlist, plus the egress proxy variables when the plugin
    holds a network grant), in the plugin folder (read-only: relative paths in the command work as
    they read; ``HOME`` is the private scratch dir). It inherits stdin and stdout, which are pipes to the daemon: the daemon
    speaks MCP to it over them as a client; its stderr is a third pipe, logged (capped) by the daemon.
    Landlock, seccomp, the namespaces, the cgroup and the rlimits carry over ``execve``.
 2. this process (pid 1 of the worker's pid namespace when namespaces are on) reports ``Ready`` --
-   or ``LoadFailed`` with the reason the ``execve`` failed -- then only reaps: every orphan of the
+   or ``LoadFailed`` with the reason the ``execve`` failed --, closes the IPC socket (the daemon reads
+   nothing more from it), then only reaps: every orphan of the
    namespace is re-parented to it. When the server exits, it exits with the same status, and with
    pid 1 the kernel kills whatever the server left behind in the namespace.
 
@@ -37,10 +40,13 @@ class _Channel(Protocol):
     def send(self, msg: Any) -> None: ...
 
 
-def _exec_child(argv: list[str], env: dict[str, str], report_fd: int, ipc_fd: int, cwd: str) -> None:
+def _exec_child(argv: list[str], env: dict[str, str], report_fd: int, cwd: str) -> None:
     """In the forked child: exec the server; on failure write why to ``report_fd``. Never returns."""
     try:
-        os.close(ipc_fd)
+        # Nothing of the supervisor's but stdio reaches the server: the IPC socket and anything else
+        # (``report_fd`` is close-on-exec: it goes at ``execve``).
+        os.closerange(3, report_fd)
+        os.closerange(report_fd + 1, 1 << 20)
         hygiene.forked_from_single_thread()
         # Dies with this process (not through ``arm_parent_death_signal``, whose re-parenting check
         # compares against the daemon's pid).
@@ -61,15 +67,19 @@ def _exec_child(argv: list[str], env: dict[str, str], report_fd: int, ipc_fd: in
 
 def run(chan: _Channel, init: Init, layers: list[str], missing: list[str]) -> None:
     """Start the server and supervise it until it exits; then exit with its status. Never returns."""
-    sock = chan.sock
     send = chan.send
+    # Undumpable (set after every uid change of the isolation, which would clear it): a process of the
+    # same uid, the server included, can then neither ptrace this one, nor take its descriptors
+    # (pidfd_getfd), nor open its /proc/<pid>/mem or /proc/<pid>/fd. The server gets its own,
+    # dumpable, mm at execve.
+    syscalls.prctl(syscalls.PR_SET_DUMPABLE, 0)
     argv = list(init.command)
     env = dict(os.environ)
     report_r, report_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
         os.close(report_r)
-        _exec_child(argv, env, report_w, sock.fileno(), init.plugin_dir)
+        _exec_child(argv, env, report_w, init.plugin_dir)
     os.close(report_w)
     failure = b""
     while True:
@@ -89,6 +99,8 @@ def run(chan: _Channel, init: Init, layers: list[str], missing: list[str]) -> No
     os.dup2(null, 1)
     os.close(null)
     send(Ready(pid, [], layers=layers, missing=missing))
+    # The daemon reads nothing more from this channel: closed, there is nothing left here to take.
+    chan.sock.close()
     code = 0
     while True:
         try:

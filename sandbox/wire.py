@@ -13,8 +13,13 @@ Conversation:
    proxy's listening socket attached (``SCM_RIGHTS``), before any plugin code runs.
 3. daemon -> worker: ``Call`` frames, possibly several in one write when the pool is saturated; the
    worker runs them one at a time, in order, and answers each with zero or more ``Progress`` / ``Log``
-   frames followed by exactly one ``Result`` (results of a batch may arrive in one write). A
-   ``CancelCall`` for a call that has not started makes the worker answer it at once, unrun.
+   frames, exactly one ``Result``, then ``CallReturned`` (results of a batch may arrive in one write).
+   A ``CancelCall`` for a call that has not started makes the worker answer it at once, unrun.
+   ``Result`` is the answer, relayed to the client at once; ``CallReturned`` is the worker's runtime
+   saying that the call's code has returned (per_call: that its processes are all dying). Plugin
+   code can write a ``Result`` of its own mid-call (it shares the process with the runtime), so only
+   ``CallReturned`` frees the worker: until then it is busy and the call's deadline runs (past it the
+   worker is killed, whatever was answered), and a second ``Result`` for the call ends the worker.
 4. A running call may need input from the client (a tool that asks: ``sandbox.asking``): the worker
    sends one ``Ask`` frame (a round of ``InputRequest``s, each under a key unique within the call)
    and blocks until the daemon sends the matching ``Answer`` (one ``InputResponse`` per key: the
@@ -234,6 +239,13 @@ class Result(msgspec.Struct, tag="result", frozen=True, array_like=True):
     run_ns: int = 0
 
 
+class CallReturned(msgspec.Struct, tag="returned", frozen=True, array_like=True):
+    """After the call's ``Result``: the worker's runtime has the control back (the call's code returned,
+    or, per_call, its processes are all dying); the worker is free for its next call."""
+
+    id: int
+
+
 class InputRequest(msgspec.Struct, frozen=True, array_like=True):
     """One thing a tool asks the client for: ``method`` is one of ``INPUT_METHODS``, ``params`` its
     params as the 2025-11-25 revision words them. ``key`` is unique within the call (the worker
@@ -251,7 +263,7 @@ class Ask(msgspec.Struct, tag="ask", frozen=True, array_like=True):
     requests: list[InputRequest]
 
 
-FromWorker = Union[Ready, LoadFailed, Progress, Log, Result, EgressListener, Ask]
+FromWorker = Union[Ready, LoadFailed, Progress, Log, Result, CallReturned, EgressListener, Ask]
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 

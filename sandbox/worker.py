@@ -33,6 +33,7 @@ from sandbox.wire import (
     Answer,
     Ask,
     Call,
+    CallReturned,
     CancelCall,
     Init,
     LoadFailed,
@@ -218,6 +219,9 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
                 os.write(2, f"toolcell worker: {reason}; this worker retires and a fresh one takes its place\n".encode())
                 os._exit(LEFTOVER_EXIT)
             out.append(encode_result(result))
+        # Written only here, after the call's code returned (and the guard found nothing left): the
+        # daemon keeps this worker busy, with the call's deadline running, until it reads this.
+        out.append(encode_frame(CallReturned(call.id)))
         if not queue or time.monotonic() - first_unsent > FLUSH_AFTER_S:
             flush()
 

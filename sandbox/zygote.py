@@ -42,8 +42,10 @@ otherwise leave for the next one, the priority, scheduling, I/O priority or rlim
 process of the same uid (Z, R, the warm C), and SysV IPC objects and POSIX message queues, which
 outlive their creator.
 
-The daemon's side is unchanged: calls in order, results in order, and a deadline or cancellation of
-the running call kills the whole worker (the pid namespace takes every process with it). Paths the
+The daemon's side is the pooled worker's: calls in order, results in order, each call's
+``CallReturned`` sent by R once nothing of the call can act any more (step 3, or the slow path), never
+relayed from C, and a deadline or cancellation of the running call kills the whole worker (the pid
+namespace takes every process with it). Paths the
 manifest grants write access to are the plugin's own persistent storage and are not reset.
 
 Concurrency comes from the pool, which runs up to ``max_concurrency`` zygotes, each with its own
@@ -89,8 +91,11 @@ from sandbox.wire import (
     Answer,
     Ask,
     Call,
+    CallReturned,
     CancelCall,
     Init,
+    Log,
+    Progress,
     Result,
     Shutdown,
     encode_frame,
@@ -581,6 +586,9 @@ class _Zygote:
 
 # -- R -----------------------------------------------------------------------------------------------
 
+#: What R passes on from a call's process; anything else it drops.
+_RELAYED = (Progress, Log, Ask, Result)
+
 
 def _task_dying_and_children(pid: int) -> tuple[bool, int, list[int]] | None:
     """Whether every thread of ``pid`` is a zombie or exiting, its session, and its children; None
@@ -691,8 +699,12 @@ class _Relay:
         self.lost[proc.cid] = proc
         self.ctl.send(_MSG.pack(DONE, proc.cid, 0))
 
-    def answer(self, result: Result) -> None:
-        self.chan.sock.sendall(encode_frame(result))
+    def answer(self, result: Result, returned: bool = False) -> None:
+        """Send R's own result for a call; ``returned``: nothing of it ran, so ``CallReturned`` too."""
+        frame = encode_frame(result)
+        if returned:
+            frame += encode_frame(CallReturned(result.id))
+        self.chan.sock.sendall(frame)
 
     def start_next(self) -> None:
         while self.cur is None and self.queue:
@@ -700,7 +712,7 @@ class _Relay:
             if call.id in self.cancelled:
                 self.queue.popleft()
                 self.cancelled.discard(call.id)
-                self.answer(Result(call.id, [{"type": "text", "text": "cancelled"}], is_error=True))
+                self.answer(Result(call.id, [{"type": "text", "text": "cancelled"}], is_error=True), returned=True)
                 continue
             while not self.warm and select.select([self.ctl], [], [], 0)[0]:
                 if not self.from_zygote():
@@ -788,7 +800,7 @@ class _Relay:
             if self.cur is None and self.queue:
                 call, _, _ = self.queue.popleft()
                 text = f"could not start a process for the call: {os.strerror(value)}"
-                self.answer(Result(call.id, [{"type": "text", "text": text}], is_error=True))
+                self.answer(Result(call.id, [{"type": "text", "text": text}], is_error=True), returned=True)
         return True
 
     def dead(self, cid: int, status: int) -> None:
@@ -809,7 +821,11 @@ class _Relay:
         self.finish()
 
     def finish(self) -> None:
-        """Nothing of the call can act any more: put its files back, start the next call."""
+        """Nothing of the call can act any more: say so to the daemon (which frees the worker only
+        now), put its files back, start the next call."""
+        cur = self.cur
+        if cur is not None and cur.call is not None:
+            self.chan.sock.sendall(encode_frame(CallReturned(cur.call.id)))
         t = _now_us() if _PROFILE else 0.0
         self.reset.run()
         self.cur = None
@@ -853,8 +869,8 @@ class _Relay:
                     msg = from_worker_decoder.decode(raw)
                 except Exception:  # noqa: BLE001, S112 (malformed, never forwarded; msgspec raises several types)
                     continue
-                if getattr(msg, "id", None) != cur.call.id:
-                    continue
+                if type(msg) not in _RELAYED or msg.id != cur.call.id:
+                    continue  # only R says that a call returned (CallReturned), never its process
                 self.chan.sock.sendall(HEADER.pack(len(raw)) + raw)  # forwarded as checked, not re-encoded
                 if isinstance(msg, Result):
                     cur.answered = True

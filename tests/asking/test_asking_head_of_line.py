@@ -157,6 +157,7 @@ async def test_the_pool_takes_back_batched_calls_and_the_stubs_take_the_cancelle
         assert behind[0].deadline == pytest.approx(freed_at + 5)
         for slot in behind[:2]:
             await _send(other_sock, wire.Result(slot.call.id, [{"type": "text", "text": "ran"}]))
+            await _send(other_sock, wire.CallReturned(slot.call.id))
         await trio.testing.wait_all_tasks_blocked()
         assert done == behind[:2] and all(s.result is not None and s.result.content[0]["text"] == "ran"
                                           for s in behind[:2])
@@ -165,8 +166,10 @@ async def test_the_pool_takes_back_batched_calls_and_the_stubs_take_the_cancelle
         assert pool.answer(head, [wire.InputResponse("k", "result", {"roots": []})])
         assert type((await _frames(busy_sock, busy_buf, 1))[0]) is wire.Answer
         await _send(busy_sock, wire.Result(head.call.id, [{"type": "text", "text": "asked"}]))
+        await _send(busy_sock, wire.CallReturned(head.call.id))
         for slot in behind:
             await _send(busy_sock, wire.Result(slot.call.id, [{"type": "text", "text": "cancelled"}], is_error=True))
+            await _send(busy_sock, wire.CallReturned(slot.call.id))
         await trio.testing.wait_all_tasks_blocked()
         assert done == [*behind[:2], head]
         assert not busy.dead and not busy.pending and not other.pending and pool.in_flight == 0

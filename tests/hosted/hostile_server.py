@@ -16,7 +16,7 @@ import uuid
 
 TOOLS = ["read_file", "write_file", "tcp_connect", "unix_connect", "fork_bomb", "memory_bomb", "flood_stdout",
          "garbage_lines", "deep_result", "huge_line", "bad_result", "log_flood", "sleepy", "hang", "echo",
-         "add_tool", "whoami", "ptrace_parent", "cancels", "ask_user", "ask_raw", "flood_changed", "answers"]
+         "add_tool", "whoami", "ptrace_parent", "reach_process", "own_fds", "cancels", "ask_user", "ask_raw", "flood_changed", "answers"]
 #: How the server lists its tools (its first argument): "" as TOOLS says; "junk_tools" adds BULK
 #: malformed definitions and one whose name flips each time ("bad_schemas": well-formed ones whose
 #: inputSchema the daemon refuses); "flip_tools" adds BULK valid ones whose
@@ -64,6 +64,79 @@ def ask_client(method, params):
     send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
     ASKED[request_id][0].wait(30)
     return ASKED.pop(request_id)[1]
+
+
+def own_fds():
+    """What each of this process's descriptors points to (the one the listing opens left out)."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+        out[name] = target
+    return out
+
+
+def reach_process(target):
+    """Try to take what a process holds: its descriptors (``pidfd_getfd``, ``/proc/<pid>/fd``) and its
+    memory (``/proc/<pid>/mem``). ``target`` "parent" is the sandbox's supervisor (our parent);
+    "child" is a child of our own holding a socket, the control that proves each probe can succeed."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    got, why = [], []
+    child = None
+    if target == "child":
+        r, w = os.pipe()
+        a, b = socket.socketpair()
+        child = os.fork()
+        if child == 0:
+            os.close(w)
+            os.read(r, 1)
+            os._exit(0)
+        a.close()
+        b.close()
+        os.close(r)
+        pid = child
+    else:
+        pid = os.getppid()
+    try:
+        pidfd = libc.syscall(434, pid, 0)  # pidfd_open
+        if pidfd < 0:
+            why.append("pidfd_open: " + os.strerror(ctypes.get_errno()))
+        else:
+            for fd in range(64):
+                stolen = libc.syscall(438, pidfd, fd, 0)  # pidfd_getfd
+                if stolen >= 0:
+                    got.append(f"pidfd_getfd {fd}: {os.readlink(f'/proc/self/fd/{stolen}')}")
+                    os.close(stolen)
+                elif fd == 3:
+                    why.append("pidfd_getfd: " + os.strerror(ctypes.get_errno()))
+            os.close(pidfd)
+        try:
+            with open(f"/proc/{pid}/mem", "rb") as f:
+                got.append("mem")
+        except OSError as exc:
+            why.append(f"mem: {exc!r}")
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+        except OSError as exc:
+            why.append(f"fd listing: {exc!r}")
+            names = [str(n) for n in range(8)]
+        for name in names:
+            try:
+                got.append(f"fd {name} -> {os.readlink(f'/proc/{pid}/fd/{name}')}")
+            except OSError as exc:
+                why.append(f"readlink fd {name}: {exc.strerror}")
+            try:
+                os.close(os.open(f"/proc/{pid}/fd/{name}", os.O_RDONLY))
+                got.append(f"opened fd {name}")
+            except OSError as exc:
+                why.append(f"open fd {name}: {exc.strerror}")
+    finally:
+        if child is not None:
+            os.close(w)
+            os.waitpid(child, 0)
+    return bool(got), f"pid {pid}: " + "; ".join(got or why)
 
 
 def run(name, args, request_id):
@@ -120,6 +193,10 @@ def run(name, args, request_id):
         libc = ctypes.CDLL(None, use_errno=True)
         rc = libc.ptrace(ctypes.c_long(0x4206), ctypes.c_long(int(args["pid"])), None, None)
         return report(rc == 0, os.strerror(ctypes.get_errno()))
+    if name == "reach_process":
+        return report(*reach_process(args["target"]))
+    if name == "own_fds":
+        return text(json.dumps(own_fds()))
     if name == "fork_bomb":
         pids, err = [], ""
         r, w = os.pipe()

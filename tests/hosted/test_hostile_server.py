@@ -115,6 +115,23 @@ async def test_attacks_on_the_host_are_refused_by_the_sandbox(
             os.unlink(written)
 
 
+async def test_a_server_cannot_reach_its_supervisor_and_holds_only_its_stdio(
+        hostile: Path, state_dir: Path, tmp_path: Path) -> None:
+    # The supervisor (the server's parent: pid 1 of the sandbox, ``sandbox.hosted``) holds the IPC
+    # socket to the daemon. It is undumpable and has closed that socket, so the server (same uid,
+    # same namespaces) can take neither its descriptors nor its memory. The control (the server's own
+    # child) proves each probe can see its own success inside the same sandbox.
+    async with connect(hostile, write_config(tmp_path, state_dir), tmp_path / "d.log") as client:
+        control = outcome(await client.call_tool("reach_process", {"target": "child"}))
+        assert control["ok"], f"control: the probe could not reach its own child: {control['detail']}"
+        got = outcome(await client.call_tool("reach_process", {"target": "parent"}))
+        assert not got["ok"], f"the server reached its supervisor: {got['detail']}"
+        fds = json.loads(text(await client.call_tool("own_fds", {})))
+        # stdin and stdout: the daemon's MCP pipes; stderr: the daemon's log pipe. Nothing else.
+        assert sorted(fds) == ["0", "1", "2"], fds
+        assert all(target.startswith("pipe:") for target in fds.values()), fds
+
+
 async def test_a_memory_bomb_kills_only_that_server_and_it_comes_back(
         hostile: Path, state_dir: Path, tmp_path: Path) -> None:
     log = tmp_path / "d.log"

@@ -9,10 +9,15 @@ import os
 import stat
 import struct
 import time
+import uuid
 
 import msgspec
 
 from sandbox import current, tool
+
+
+#: Tells one worker from another (inside its pid namespace every worker is pid 1).
+INSTANCE = uuid.uuid4().hex
 
 
 def _nested(depth):
@@ -83,6 +88,8 @@ def raw_frames(kind: str, count: int = 1) -> str:
         frame = _frame(["log", call_id + 1000, 4, "not yours", None])
     elif kind == "ready_again":
         frame = _frame(["ready", 1, [], [], []])
+    elif kind == "returned_early":  # the runtime's "the call's code returned", before any answer
+        frame = _frame(["returned", call_id])
     elif kind == "truncated":
         frame = struct.pack(">I", 1000) + b"\x95"
     else:
@@ -94,6 +101,41 @@ def raw_frames(kind: str, count: int = 1) -> str:
         view = view[n:]
     time.sleep(0.3)
     return "sent"
+
+
+@tool
+def instance() -> str:
+    """Which worker process this is."""
+    return INSTANCE
+
+
+@tool
+def forge_result(sleep_s: float, returned: bool = False) -> str:
+    """Answer this call early with a Result written straight onto the IPC channel (and, with
+    ``returned``, the runtime's CallReturned too), then keep running: sleep ``sleep_s``."""
+    call_id = current().call_id
+    data = _frame(["result", call_id, [{"type": "text", "text": "forged by " + INSTANCE}]])
+    if returned:
+        data += _frame(["returned", call_id])
+    fd = _ipc_fd()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    time.sleep(sleep_s)
+    return "returned"
+
+
+@tool
+def fd_list() -> dict:
+    """Every descriptor this process holds and what it points to (the listing's own one, closed by the
+    time it is read back, is left out)."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[name] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+    return out
 
 
 @tool

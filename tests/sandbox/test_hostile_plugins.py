@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
+import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
@@ -102,6 +103,7 @@ async def test_a_log_nested_within_the_limit_is_delivered(peer: StdioPeer) -> No
     ("wrong_id_log", "unexpected"),   # a frame for a call it was not given
     ("ready_again", "unexpected"),    # a start-up frame in the middle of a call
     ("truncated", "timed out"),       # a frame that never completes: the deadline ends the call
+    ("returned_early", "returned before"),  # "the call returned" before its answer
 ])
 async def test_a_hand_made_frame_fails_its_call_and_recycles_the_worker(peer: StdioPeer, mode: str, kind: str,
                                                                        fragment: str) -> None:
@@ -112,11 +114,81 @@ async def test_a_hand_made_frame_fails_its_call_and_recycles_the_worker(peer: St
     elif mode == "per_call" and not first["result"].get("isError"):
         # per_call: the relay process between the call's process and the daemon forwards only frames it
         # can decode that belong to the running call; the rest never reach the daemon.
-        assert kind in ("deep_log", "surrogate_log", "wrong_id_log", "ready_again"), first
+        assert kind in ("deep_log", "surrogate_log", "wrong_id_log", "ready_again", "returned_early"), first
         assert not peer.notifications("notifications/message")
     else:
         failed_with(first, fragment)
     await still_serving(peer)
+
+
+async def test_a_plugin_sees_only_its_stdio_and_its_ipc_channel(peer: StdioPeer, mode: str) -> None:
+    # The whole list of descriptors plugin code may see, pooled and per_call: stdin (/dev/null), stdout
+    # and stderr (pipes to the daemon's log) and the one socket its tool's frames go out on (pooled: the
+    # worker's IPC socket to the daemon, fd 3; per_call: the call process's socket to its relay). Nothing
+    # the worker's own runtime holds (the call guard's views of /proc, the zygote's control socket, the
+    # relay's daemon channel) may be among them: plugin code runs in the same process and could use it.
+    for _ in range(2):  # and again on a worker that has already served a call
+        response = await peer.call("fd_list", {})
+        fds = response["result"]["structuredContent"]
+        assert set(fds) - {"0", "1", "2"} and len(fds) == 4, fds
+        ipc = (set(fds) - {"0", "1", "2"}).pop()
+        assert fds[ipc].startswith("socket:"), fds
+        assert fds["0"] == "/dev/null" and fds["1"].startswith("pipe:") and fds["2"].startswith("pipe:"), fds
+        if mode == "pooled":
+            assert ipc == "3", fds
+
+
+async def test_a_call_that_answers_early_keeps_its_worker_busy_until_its_deadline_kills_it(
+        make_plugin: Callable[..., Path], mode: str, tmp_path: Path) -> None:
+    # Plugin code writes a valid Result for its call straight onto the IPC channel, then runs on. The
+    # answer reaches the client, but only the worker's runtime frees the worker (sandbox.wire,
+    # CallReturned): until then no other call lands on it and the call's deadline runs; at the deadline
+    # (2 s, long before the 60 s sleep ends) the worker is killed. per_call: the call's process never
+    # speaks to the daemon, its relay does; it relays that Result and ends the process at once.
+    plugins = make_plugin("hostile", HOSTILE, limits={**LIMITS, "timeout_s": 2}, manifest={"isolation": mode})
+    async with open_toolcell(plugins, policy="strict", stderr_path=tmp_path / "daemon.log") as peer:
+        await peer.initialize("2025-11-25")
+        forger = await peer.start_call("forge_result", {"sleep_s": 60})
+        forged = await peer.response(forger, timeout=30)
+        assert text_of(forged).startswith("forged by "), forged
+        forger_instance = text_of(forged).split()[-1]
+        for _ in range(6):
+            response = await peer.call("instance", {}, timeout=30)
+            assert not response["result"].get("isError"), response
+            if mode == "pooled":
+                assert text_of(response) != forger_instance, "a call landed on the worker whose call still runs"
+        log = tmp_path / "daemon.log"
+        if mode == "pooled":
+            with trio.fail_after(30):
+                while "timed out after 2 s" not in log.read_text(errors="replace"):
+                    await trio.sleep(0.1)
+            assert "worker_killed_after_answer" in log.read_text(errors="replace")
+        else:
+            assert "worker_killed_after_answer" not in log.read_text(errors="replace")
+        await still_serving(peer)
+
+
+async def test_a_second_answer_to_a_call_ends_its_worker(
+        make_plugin: Callable[..., Path], mode: str, tmp_path: Path) -> None:
+    # A forged Result, then the runtime's own when the tool returns: two answers to one call are a
+    # protocol violation, and the worker is killed (per_call: the relay forwards only the first).
+    plugins = make_plugin("hostile", HOSTILE, limits=LIMITS, manifest={"isolation": mode})
+    async with open_toolcell(plugins, policy="strict", stderr_path=tmp_path / "daemon.log") as peer:
+        await peer.initialize("2025-11-25")
+        forged = await peer.call("forge_result", {"sleep_s": 0.2}, timeout=30)
+        assert text_of(forged).startswith("forged by "), forged
+        forger_instance = text_of(forged).split()[-1]
+        log = tmp_path / "daemon.log"
+        if mode == "pooled":
+            with trio.fail_after(30):
+                while "answered the same call twice" not in log.read_text(errors="replace"):
+                    await trio.sleep(0.1)
+        for _ in range(3):
+            response = await peer.call("instance", {}, timeout=30)
+            assert not response["result"].get("isError"), response
+            if mode == "pooled":
+                assert text_of(response) != forger_instance, response
+        await still_serving(peer)
 
 
 async def test_a_log_flood_is_cut_to_the_call_budget_and_the_daemon_stays_small(peer: StdioPeer) -> None:

@@ -337,7 +337,9 @@ def test_a_queued_call_cancelled_before_it_starts_is_answered_in_its_turn(start:
     w = start(mode="per_call")
     w.sock.sendall(b"".join(encode_frame(c) for c in _calls(("counter", {}), ("counter", {}), ("counter", {}))))
     w.sock.sendall(encode_frame(CancelCall(102)))
-    results = [w.recv() for _ in range(3)]
+    frames = [w.recv() for _ in range(6)]
+    results = frames[0::2]
+    assert [(type(f).__name__, f.id) for f in frames[1::2]] == [("CallReturned", i) for i in (100, 101, 102)]
     assert [r.id for r in results] == [100, 101, 102]
     assert [text_of(r) for r in results] == ["1", "1", "cancelled"]
     assert results[2].is_error
