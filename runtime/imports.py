@@ -39,6 +39,7 @@ from typing import Any, Callable
 import trio
 
 from runtime import approvals, installer, plugin_files
+from runtime.approvals_shared import book_for
 from runtime.manifest import MANIFEST_NAME, ManifestError, load_manifest
 from runtime.progress import progress
 from runtime.registry_entry import RegistryProblem, read_server_json
@@ -357,8 +358,8 @@ def _put_in_place(built: Path, folder: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker, how: str, replace: bool,
-                  notes: tuple[str, ...] = ()) -> bool:
+async def _create(into: Path, name: str, text: str, state_dir: str, book: approvals.Book, asker: Asker, how: str,
+                  replace: bool, notes: tuple[str, ...] = ()) -> bool:
     """Build the folder in the state dir, install what it runs, ship its lock, show its grants; once a
     person approved them, record the approval and move the folder into the plugins folder."""
     folder = into / name
@@ -386,7 +387,7 @@ async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker
         if not asker.confirm(f"Approve {name} with these permissions?"):
             return False
         # Recorded first: the moment the folder appears, a daemon holds it to exactly this approval.
-        approvals.record(state_dir, manifest, str(folder), how)
+        book.write(manifest, str(folder), how)
         _put_in_place(staging, folder)
         print(f"added {folder} (approved)")
         return True
@@ -485,8 +486,8 @@ def cmd_import(args: argparse.Namespace, cfg: Any) -> int:
             text = manifest_text(name, f"{raw_name}, imported from {os.path.basename(args.file)}", server, allow, fixed,
                                  read, write, net)
             notes = (resolved_note(entry["command"], server["command"][0]),) if server.get("command") else ()
-            if trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell import {args.file}", args.replace,
-                        notes):
+            if trio.run(_create, into, name, text, cfg.state_dir, book_for(cfg), asker,
+                        f"toolcell import {args.file}", args.replace, notes):
                 made += 1
             else:
                 failed += 1
@@ -527,9 +528,10 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
                 return 1
             text = manifest_text(name, about or f"{pkg.name}, added with toolcell add", server, allow, fixed, read,
                                  write, net)
-            ok = trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell add {args.spec}", args.replace)
+            ok = trio.run(_create, into, name, text, cfg.state_dir, book_for(cfg), asker,
+                          f"toolcell add {args.spec}", args.replace)
             return 0 if ok else 1
-        return _add_folder(Path(args.spec).resolve(), into, cfg.state_dir, asker, args.replace)
+        return _add_folder(Path(args.spec).resolve(), into, cfg.state_dir, book_for(cfg), asker, args.replace)
     except ManifestError as exc:
         print(f"toolcell add: {exc}", file=sys.stderr)
     except plugin_files.PluginFileError as exc:
@@ -548,13 +550,13 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
     return 1
 
 
-def _add_folder(source: Path, into: Path, state_dir: str, asker: Asker, replace: bool) -> int:
+def _add_folder(source: Path, into: Path, state_dir: str, book: approvals.Book, asker: Asker, replace: bool) -> int:
     """``toolcell add FOLDER``: copy the folder into the state dir (``plugin_files.copy_folder``: regular
     files and folders only, capped), show and approve what the *copy* asks for, then move the copy into
     place. A folder already in the plugins folder is approved where it is."""
     manifest = load_manifest(source)
     if into / manifest.name == source:
-        if not _approve_added(manifest, source, state_dir, asker, source):
+        if not _approve_added(manifest, source, book, asker, source):
             return 1
         print(f"approved {source} where it is")
         return 0
@@ -566,7 +568,7 @@ def _add_folder(source: Path, into: Path, state_dir: str, asker: Asker, replace:
         folder = into / manifest.name
         if folder.exists() and not replace:
             raise ImportProblem(f"{folder} already exists (use --replace to overwrite it)")
-        if not _approve_added(manifest, folder, state_dir, asker, source):
+        if not _approve_added(manifest, folder, book, asker, source):
             return 1
         _put_in_place(copy, folder)
     finally:
@@ -575,11 +577,11 @@ def _add_folder(source: Path, into: Path, state_dir: str, asker: Asker, replace:
     return 0
 
 
-def _approve_added(manifest: Any, folder: Path, state_dir: str, asker: Asker, source: Path) -> bool:
+def _approve_added(manifest: Any, folder: Path, book: approvals.Book, asker: Asker, source: Path) -> bool:
     print("\n".join(approvals.describe(manifest)))
     if not asker.confirm(f"Approve {manifest.name} with these permissions?"):
         return False
-    approvals.record(state_dir, manifest, str(folder), f"toolcell add {source}")
+    book.write(manifest, str(folder), f"toolcell add {source}")
     return True
 
 
@@ -599,19 +601,33 @@ def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
               f"{', '.join(cfg.plugins)}", file=sys.stderr)
         return 2
     path, manifest = found[0]
+    book = book_for(cfg)
+    snapshot = book.read()
+    # A record that cannot be trusted (a shared book checks each alone) is replaced by approving again.
+    distrusted = snapshot.untrusted.get(approvals.key(path)) if not snapshot.problem else None
     try:
-        more = approvals.differences(manifest, path, cfg.state_dir)
+        more = None if distrusted else approvals.differences_in(snapshot, manifest, path)
     except approvals.ApprovalsError as exc:
         print(f"toolcell approve: {exc}", file=sys.stderr)
         return 2
     print("\n".join(approvals.describe(manifest)))
-    if more is not None:
+    if distrusted:
+        print(f"  {distrusted}: approving records it anew")
+    elif more is not None:
         print("  beyond its last approval: " + ("; ".join(more) if more else "nothing"))
     if not Asker(args.yes).confirm(f"Approve {manifest.name} with these permissions?"):
         return 1
-    approvals.record(cfg.state_dir, manifest, str(path), "toolcell approve")
-    flags = "".join(f" --plugins {d}" for d in args.plugins or []) + (f" --config {args.config}" if args.config else "")
-    print(f"approved {manifest.name}; a running daemon picks it up at its next reload (toolcell reload{flags})")
+    try:
+        book.write(manifest, str(path), "toolcell approve")
+    except approvals.ApprovalsError as exc:
+        print(f"toolcell approve: {exc}", file=sys.stderr)
+        return 2
+    if cfg.approvals.store is None:
+        flags = "".join(f" --plugins {d}" for d in args.plugins or []) + (f" --config {args.config}" if args.config else "")
+        print(f"approved {manifest.name}; a running daemon picks it up at its next reload (toolcell reload{flags})")
+    else:
+        print(f"approved {manifest.name} in {book.where}; every daemon reading it picks it up within "
+              f"{cfg.approvals.poll_s:g} s")
     return 0
 
 

@@ -27,6 +27,7 @@ from runtime.workers import PluginLoadError, WorkerPool
 from sandbox import wire
 
 if TYPE_CHECKING:
+    from runtime.approvals import Snapshot
     from runtime.hosted import HostedRunner
 
 
@@ -88,10 +89,12 @@ def discover(dirs: Iterable[str]) -> list[Path]:
 
 
 async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir: str, min_workers: int,
-                      describe_only: bool = False, secrets: SecretStore | None = None) -> Plugin:
+                      describe_only: bool = False, secrets: SecretStore | None = None,
+                      approved: Snapshot | None = None) -> Plugin:
     """Load one plugin: manifest, first worker, tool checks. Never raises for the plugin's faults.
 
-    ``secrets``: the operator's values for plugins' secrets (none when not given)."""
+    ``secrets``: the operator's values for plugins' secrets (none when not given). ``approved``: the
+    approvals to check it against (None: the state dir's, read now)."""
     plugin = Plugin(path)
     try:
         plugin.manifest = await plugin_files.off_loop(load_manifest, path, what=f"reading {MANIFEST_NAME}")
@@ -103,7 +106,8 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
         return plugin
     from runtime import approvals, installer
 
-    held = approvals.check(plugin.manifest, path, state_dir)
+    held = (approvals.check(plugin.manifest, path, state_dir) if approved is None
+            else approvals.check_in(approved, plugin.manifest, path))
     if held:
         plugin.problems = [held]
         return plugin
