@@ -36,6 +36,10 @@ A file that another user could have written (wrong owner, group- or world-writab
 that is not a well-formed approvals file, is not trusted: every plugin is held until it is fixed
 (``approvals_untrusted`` in the log, the reason in ``toolcell list``), and ``toolcell approve``
 refuses to write to it.
+
+Where approvals are kept is a ``Book``: ``StateDirBook`` (the file above, one daemon: the default) or
+``runtime.approvals_shared.RedisBook`` (``[approvals] store``, replicas behind one balancer). A daemon
+reads its book once per load or reload into a ``Snapshot`` and checks every plugin against that.
 """
 
 from __future__ import annotations
@@ -47,8 +51,9 @@ import os
 import secrets
 import stat
 import time
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import msgspec
 
@@ -491,37 +496,137 @@ def _upgraded(entry: dict[str, Any]) -> dict[str, Any]:
     return {**entry, "grants": g}
 
 
-def differences(manifest: Manifest, plugin_dir: Any, state_dir: str) -> list[str] | None:
-    """What ``manifest`` asks for beyond the recorded approval of ``plugin_dir`` (None: no approval is
-    recorded). Raises ``ApprovalsError`` when the approvals file or its key cannot be trusted."""
-    record = load(state_dir).get(key(plugin_dir))
-    if record is None:
+@dataclass(frozen=True)
+class Snapshot:
+    """What a book of approvals held when it was read: what every plugin is checked against."""
+
+    #: Every trusted record, by plugin folder (``key``), as ``_upgraded`` returns it.
+    records: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Folders whose record is there but not trusted (``RedisBook``: each record is checked alone), and why.
+    untrusted: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Not empty: the book as a whole cannot be read or trusted, so every plugin is held.
+    problem: str = ""
+    #: The key fixed environment values are recorded under (None: there is none).
+    secret: bytes | None = None
+    #: Not empty: the key is there but cannot be trusted (only plugins with fixed values need it).
+    secret_problem: str = ""
+    #: Where the key is, for a person (``differences`` says it is gone).
+    secret_where: str = ""
+
+
+class Book(Protocol):
+    """Where approvals are kept: read by daemons, written by ``toolcell approve``, ``add`` and ``import``."""
+
+    #: Where it is, for a person.
+    where: str
+
+    def read(self) -> Snapshot:
+        """Everything recorded; never raises (what cannot be trusted is in the snapshot). Blocking."""
+        ...
+
+    def write(self, manifest: Manifest, plugin_dir: str, how: str) -> None:
+        """Record that a person approved what ``manifest`` asks for. Raises ``ApprovalsError``. Blocking."""
+        ...
+
+    def version(self) -> str | None:
+        """Changes whenever an approval is written (None: not watched; ``toolcell reload`` picks changes
+        up). Raises ``ApprovalsError`` when it cannot be read. Blocking."""
+        ...
+
+
+class StateDirBook:
+    """``approvals.json`` and ``approvals.key`` in one daemon's state dir (the default)."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = state_dir
+        self.where = _path(state_dir)
+
+    def read(self) -> Snapshot:
+        try:
+            records = load(self.state_dir)
+        except ApprovalsError as exc:
+            return Snapshot(problem=str(exc))
+        secret, secret_problem = None, ""
+        try:
+            secret = _secret(self.state_dir, create=False)
+        except ApprovalsError as exc:
+            secret_problem = str(exc)
+        return Snapshot(records, secret=secret, secret_problem=secret_problem,
+                        secret_where=os.path.join(self.state_dir, KEY_FILE))
+
+    def write(self, manifest: Manifest, plugin_dir: str, how: str) -> None:
+        record(self.state_dir, manifest, plugin_dir, how)
+
+    def version(self) -> str | None:
         return None
-    approved = record["grants"]
+
+
+def new_record(manifest: Manifest, secret: bytes, how: str) -> dict[str, Any]:
+    """The record of a person approving what ``manifest`` asks for (fixed values keyed by ``secret``)."""
+    return {"grants": grants(manifest, secret), "name": manifest.name, "version": manifest.version, "how": how,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def checked_record(entry: Any) -> dict[str, Any]:
+    """``entry`` as this version compares it; raises ``ApprovalsError`` saying what is wrong with it."""
+    problem = _malformed(entry)
+    if problem:
+        raise ApprovalsError(problem)
+    return _upgraded(entry)
+
+
+def differences_in(snapshot: Snapshot, manifest: Manifest, plugin_dir: Any) -> list[str] | None:
+    """What ``manifest`` asks for beyond the approval of ``plugin_dir`` in ``snapshot`` (None: no approval
+    is recorded). Raises ``ApprovalsError`` when the book, that record or the key cannot be trusted."""
+    if snapshot.problem:
+        raise ApprovalsError(snapshot.problem)
+    folder = key(plugin_dir)
+    if folder in snapshot.untrusted:
+        raise ApprovalsError(snapshot.untrusted[folder])
+    record_ = snapshot.records.get(folder)
+    if record_ is None:
+        return None
+    approved = record_["grants"]
     secret = b""
     if manifest.env.set and approved.get("env_values"):
-        secret = _secret(state_dir, create=False) or b""
+        if snapshot.secret_problem:
+            raise ApprovalsError(snapshot.secret_problem)
+        secret = snapshot.secret or b""
         if not secret:
-            return [f"env: the approvals key {os.path.join(state_dir, KEY_FILE)} is gone, so its fixed values "
-                    "cannot be compared"]
+            return [f"env: the approvals key {snapshot.secret_where} is gone, so its fixed values cannot be compared"]
     return exceeds(grants(manifest, secret), approved)
 
 
-def check(manifest: Manifest, plugin_dir: Any, state_dir: str) -> str | None:
-    """None when ``manifest`` may load, else why it is held (asks for more than was approved)."""
+def differences(manifest: Manifest, plugin_dir: Any, state_dir: str) -> list[str] | None:
+    """``differences_in`` the state dir's approvals file."""
+    return differences_in(StateDirBook(state_dir).read(), manifest, plugin_dir)
+
+
+def check_in(snapshot: Snapshot, manifest: Manifest, plugin_dir: Any) -> str | None:
+    """None when ``manifest`` may load, else why it is held (asks for more than was approved, or what it
+    is checked against cannot be trusted)."""
     try:
-        more = differences(manifest, plugin_dir, state_dir)
+        more = differences_in(snapshot, manifest, plugin_dir)
     except ApprovalsError as exc:
+        if key(plugin_dir) in snapshot.untrusted and not snapshot.problem:
+            # One record: only its plugin is held, and approving it again writes a good one.
+            log("approval_untrusted", level="error", error=str(exc), plugin=manifest.name)
+            return f"{HELD} {exc}; run `toolcell approve {manifest.name}`"
         # Fail closed: which plugins it holds approvals for, and what they are, is unknown.
         log("approvals_untrusted", level="error", error=str(exc), plugin=manifest.name,
-            note="every plugin is held until the file is fixed")
-        return f"{HELD} the approvals file cannot be trusted ({exc}); fix it, then `toolcell reload`"
+            note="every plugin is held until it is fixed")
+        return f"{HELD} the approvals cannot be trusted ({exc}); fix it, then `toolcell reload`"
     if not more:
         return None
     older = (" (its approval was recorded by an older toolcell, which did not compare every field: approve it "
              "once more)" if any(UNRECORDED in line for line in more) else "")
     return (f"{HELD} asks for more than was approved ({'; '.join(more)}){older}; "
             f"run `toolcell approve {manifest.name}`")
+
+
+def check(manifest: Manifest, plugin_dir: Any, state_dir: str) -> str | None:
+    """``check_in`` the state dir's approvals file."""
+    return check_in(StateDirBook(state_dir).read(), manifest, plugin_dir)
 
 
 def _secret(state_dir: str, create: bool) -> bytes | None:
@@ -566,9 +671,7 @@ def record(state_dir: str, manifest: Manifest, plugin_dir: str, how: str) -> Non
     except ApprovalsError as exc:
         raise ApprovalsError(f"{exc}; fix it before approving (without it, no plugin is watched)") from None
     assert secret is not None
-    records[key(plugin_dir)] = {"grants": grants(manifest, secret), "name": manifest.name,
-                                "version": manifest.version, "how": how,
-                                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    records[key(plugin_dir)] = new_record(manifest, secret, how)
     path = _path(state_dir)
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -100,6 +100,39 @@ def check_tasks_config(cfg: TasksConfig, state_dir: str) -> list[str]:
     return problems
 
 
+class ApprovalsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The ``[approvals]`` table: where the permissions people approved are kept (``runtime.approvals``)."""
+
+    #: None: ``approvals.json`` and ``approvals.key`` in ``state_dir`` (one daemon). A Redis URL
+    #: ("redis://HOST:PORT/DB", "rediss://…", "unix:///PATH/redis.sock"; usually ``tasks.store``'s):
+    #: shared by every replica given the same URL and ``key_file`` (``runtime.approvals_shared``).
+    store: str | None = None
+    #: With a Redis store: the key that signs every approval record and keys recorded fixed
+    #: environment values; a file the operator provides (32+ random bytes, 0600, or 0640 owned by
+    #: root), the same on every replica and wherever ``toolcell approve`` runs.
+    key_file: str | None = None
+    #: With a Redis store: how often each replica looks for a new approval.
+    poll_s: Annotated[float, Meta(ge=0.1, le=300)] = 2.0
+
+
+def check_approvals_config(cfg: ApprovalsConfig) -> list[str]:
+    """What is wrong with an ``[approvals]`` table, one sentence each."""
+    if cfg.store is None:
+        return ["approvals.key_file is used only with approvals.store (a Redis URL)"] if cfg.key_file else []
+    problems = []
+    try:
+        redis = parse_store_url(cfg.store, "/").kind == "redis"
+    except ValueError:
+        redis = False
+    if not redis:
+        problems.append(f"approvals.store {cfg.store!r}: use redis://HOST:PORT/DB, rediss://… or "
+                        "unix:///PATH/redis.sock (leave it out to keep approvals in state_dir)")
+    if not cfg.key_file:
+        problems.append("approvals.store needs approvals.key_file: the key that signs approvals, the same file on "
+                        "every replica (head -c 32 /dev/urandom > approvals.key; chmod 600)")
+    return problems
+
+
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     plugins: list[str] = msgspec.field(default_factory=lambda: [str(BUNDLED_PLUGINS)])
     policy: Literal["strict", "compat", "none"] = "strict"
@@ -130,6 +163,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     #: MCP tasks: the store and its limits (see ``TasksConfig``).
     tasks: TasksConfig = msgspec.field(default_factory=TasksConfig)
+    #: Where approvals are kept: the state dir, or a Redis shared by replicas (see ``ApprovalsConfig``).
+    approvals: ApprovalsConfig = msgspec.field(default_factory=ApprovalsConfig)
     #: Where the values of plugins' secrets come from, by name (``runtime.plugin_secrets``).
     secrets: dict[str, SecretSource] = {}
     #: More CAs (a PEM file) the egress proxy trusts, beside the system's, when it checks a host a
@@ -163,7 +198,8 @@ def secure_state_dir(path: str) -> None:
 
 def check_config(cfg: Config) -> list[str]:
     """Problems the field declarations cannot state (bounds and choices are declared on the fields)."""
-    problems = check_http_config(cfg.http) + check_tasks_config(cfg.tasks, cfg.state_dir) + check_sources(cfg.secrets)
+    problems = (check_http_config(cfg.http) + check_tasks_config(cfg.tasks, cfg.state_dir) + check_sources(cfg.secrets)
+                + check_approvals_config(cfg.approvals))
     if cfg.egress_ca_file is not None and not os.path.isfile(cfg.egress_ca_file):
         problems.append(f"egress_ca_file {cfg.egress_ca_file}: no such file")
     return problems

@@ -19,6 +19,8 @@ from typing import Any
 import trio
 
 from runtime import plugin_files
+from runtime.approvals import ApprovalsError, Snapshot
+from runtime.approvals_shared import book_for
 from runtime.config import Config, secure_state_dir
 from runtime.logs import log
 from runtime.plugins import Plugin, awaiting_approval, discover, load_plugin, resolve_conflicts
@@ -83,8 +85,14 @@ class Daemon:
         self.spares: Spares | None = None
         #: Its configuration file and plugin set (``runtime.scope``), as ``toolcell serve`` names them.
         self.scope: Scope | None = None
+        #: Where approvals are kept (``runtime.approvals``): read once per load or reload.
+        self.approvals = book_for(config)
 
     # -- plugins and catalog -------------------------------------------------------------------
+
+    async def _read_approvals(self) -> Snapshot:
+        # Blocking file or Redis reads, off the loop; ``read`` never raises for what it finds.
+        return await trio.to_thread.run_sync(self.approvals.read, abandon_on_cancel=True)
 
     async def _load_paths(self, paths: list[Path], describe_only: bool = False,
                           prints: dict[Path, tuple[str | None, str]] | None = None) -> dict[Path, Plugin]:
@@ -94,6 +102,7 @@ class Daemon:
         an edit landing during the load then differs from what was recorded, and the watcher's next
         reload picks it up."""
         results: dict[Path, Plugin] = {}
+        approved = await self._read_approvals() if paths else Snapshot()
 
         async def one(path: Path) -> None:
             given = (prints or {}).get(path)
@@ -106,7 +115,7 @@ class Daemon:
             async with self._load_limiter:
                 try:
                     plugin = await load_plugin(path, self.nursery, self.config.policy, self.config.state_dir,
-                                               self.config.min_workers, describe_only, self.secrets)
+                                               self.config.min_workers, describe_only, self.secrets, approved)
                 except Exception as exc:  # our bug, met by this folder: it is refused, the others load
                     log("internal_error", level="error", where="plugin load", path=str(path),
                         error=f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -246,6 +255,35 @@ class Daemon:
                 load_ms=round((t2 - t1) * 1000, 1), swap_ms=round((t3 - t2) * 1000, 1))
             return changed_tools
 
+    async def serve_approvals_watch(self, poll_s: float,
+                                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Reload whenever the shared approvals change (``toolcell approve`` on any machine), or become
+        readable again, until cancelled: the plugins held for approval load, clients hear
+        ``list_changed``. A book that is not watched (the state dir's) returns at once."""
+        try:
+            seen = await trio.to_thread.run_sync(self.approvals.version, abandon_on_cancel=True)
+        except ApprovalsError as exc:
+            seen = f"unreadable: {exc}"
+        if seen is None:
+            task_status.started()
+            return
+        task_status.started()
+        while True:
+            await trio.sleep(poll_s)
+            try:
+                now = await trio.to_thread.run_sync(self.approvals.version, abandon_on_cancel=True)
+            except ApprovalsError as exc:
+                now = f"unreadable: {exc}"
+            if now == seen:
+                continue
+            if not (now or "").startswith("unreadable: "):
+                log("approvals_changed", where=self.approvals.where, version=now)
+                await self.reload()
+            elif not (seen or "").startswith("unreadable: "):
+                log("approvals_unreadable", level="error", error=now, note="plugins serve as loaded; "
+                    "new and changed ones are held until the approvals can be read")
+            seen = now
+
     async def _retire(self, pool: Any) -> None:
         try:
             await pool.retire()
@@ -328,6 +366,7 @@ async def open_daemon(config: Config, describe_only: bool = False) -> AsyncItera
                 # next worker to start (a hot reload's new version, a replacement).
                 daemon.spares = Spares(config.state_dir)
                 await nursery.start(daemon.spares.serve)
+                await nursery.start(daemon.serve_approvals_watch, config.approvals.poll_s)
                 store = await _open_task_store(config)
                 # The store's upkeep (heartbeats, sweeps, mailboxes) stops, and has stopped, before the
                 # store closes: a heartbeat in flight on a closed store was a spurious

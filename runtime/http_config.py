@@ -164,9 +164,10 @@ class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     keepalive_s: Annotated[float, Meta(gt=0)] = 15.0
     #: On SIGTERM: time in-flight requests get to finish before they are cancelled.
     shutdown_grace_s: Annotated[float, Meta(ge=0)] = 10.0
-    #: On SIGTERM, before that: time ``/healthz`` says "draining" (503) while requests are still
-    #: served, so a balancer's health check takes this replica out before its listener closes. Set it
-    #: above the balancer's detection time (HAProxy: ``inter`` x ``fall``); 0 (one daemon) stops at once.
+    #: On SIGTERM, before that: time ``/healthz`` says "draining" (404) while requests are still
+    #: served, so a balancer's health check takes this replica out before its listener closes (HAProxy
+    #: with ``disable-on-404`` keeps sending it the sticky legacy sessions meanwhile). Set it above the
+    #: balancer's detection time (HAProxy: ``inter`` x ``fall``); 0 (one daemon) stops at once.
     drain_s: Annotated[float, Meta(ge=0, le=600)] = 0.0
     metrics_listen: str | None = None
     audit_log: str | None = None

@@ -8,7 +8,8 @@
   and ``.mcp.json`` (``mcpServers``), VS Code's ``mcp.json`` (``servers``, ``inputs``) -- and turns each
   stdio entry into such a plugin: ``npx -y PKG ARGS`` becomes ``npm:PKG`` (pinned, installed without
   scripts, run with no network unless granted), ``uvx [--from PKG] NAME ARGS`` becomes ``pypi:PKG``,
-  any other command is kept as it is (resolved to its absolute path). ``env`` maps to the environment
+  any other command is kept as it is (found on PATH's absolute entries only, never in the current
+  directory, and shown resolved with the approval prompt). ``env`` maps to the environment
   allowlist: a literal value is set for the server, ``${VAR}`` / ``${env:VAR}`` is taken from the
   daemon's environment, ``${input:ID}`` is asked for (or given with ``--env NAME.VAR=VALUE``). The paths
   and hosts each server needs are asked for interactively (paths its arguments name are offered), or
@@ -37,7 +38,8 @@ from typing import Any, Callable
 
 import trio
 
-from runtime import approvals, installer
+from runtime import approvals, installer, plugin_files
+from runtime.approvals_shared import book_for
 from runtime.manifest import MANIFEST_NAME, ManifestError, load_manifest
 from runtime.progress import progress
 from runtime.registry_entry import RegistryProblem, read_server_json
@@ -93,11 +95,25 @@ def manifest_text(name: str, description: str, server: dict[str, Any], env_allow
 # -- client configs ---------------------------------------------------------------------------------
 
 
+#: A client's config file is refused larger than this.
+MAX_CLIENT_CONFIG_BYTES = 4 * 1024 * 1024
+
+
 def read_client_config(path: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """(server entries by name, VS Code input descriptions by id) from a client's config file."""
+    """(server entries by name, VS Code input descriptions by id) from a client's config file.
+
+    The file may come with a cloned repository (``.mcp.json``): the name the person gave is followed to
+    where it leads (``realpath``, which opens nothing), and that file is read as a plugin's files are
+    (``plugin_files``): a regular file only, never a FIFO or a device, without blocking, capped."""
+    real = os.path.realpath(path)
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        text = plugin_files.read_text(os.path.dirname(real), os.path.basename(real), MAX_CLIENT_CONFIG_BYTES)
+        if text is None:
+            raise ImportProblem(f"{path}: no such file")
+        data = json.loads(text)
+    except plugin_files.PluginFileError as exc:
+        raise ImportProblem(f"{path}: {exc.reason}" + (f" ({path} leads to {real})" if real != os.path.abspath(path) else "")) from None
+    except (OSError, ValueError) as exc:
         raise ImportProblem(f"{path}: cannot read it as JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ImportProblem(f"{path}: not a client configuration (a JSON object)")
@@ -144,13 +160,30 @@ def translate(entry: Any) -> tuple[dict[str, Any], list[str]]:
         else:
             raise ImportProblem("uvx names no package")
     else:
-        resolved = shutil.which(command) if "/" not in command else command
-        if resolved is None:
-            raise ImportProblem(f"{command!r} is not on PATH here")
-        server = {"command": [os.path.abspath(resolved)], "args": list(args)}
+        server = {"command": [command_path(command)], "args": list(args)}
     server["args"] = [_expand(a) for a in server.get("args", [])]
     paths = [a for a in server["args"] if a.startswith("/") and os.path.isdir(a)]
     return server, paths
+
+
+def command_path(command: str) -> str:
+    """The absolute path of a config's ``command``: as given when absolute, else found on PATH's
+    absolute entries only (``installer.which``) -- never in the directory the import runs from, where a
+    cloned repository may have put its own ``./node``. A relative path names no place toolcell can know."""
+    if os.path.isabs(command):
+        return os.path.normpath(command)
+    if "/" in command:
+        raise ImportProblem(f"{command!r} is a path relative to wherever the client ran it: give an absolute path")
+    found = installer.which(command)
+    if found is None:
+        raise ImportProblem(f"{command!r} is not on PATH here (only PATH's absolute entries are searched)")
+    return found
+
+
+def resolved_note(command: str, resolved: str) -> str:
+    """The line shown with the approval prompt saying which program a config's command turned into."""
+    real = os.path.realpath(resolved)
+    return f"  command:  {command!r} in the config is {resolved}" + (f" (-> {real})" if real != resolved else "")
 
 
 def _expand(arg: str) -> str:
@@ -307,7 +340,7 @@ def _put_in_place(built: Path, folder: Path) -> None:
     if os.stat(built).st_dev != os.stat(into).st_dev:
         ready = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".toolcell-new", dir=into))
         ready.rmdir()
-        shutil.copytree(built, ready, symlinks=True)
+        plugin_files.copy_folder(str(built), str(ready))
     old = None
     try:
         if folder.exists() or folder.is_symlink():
@@ -325,7 +358,8 @@ def _put_in_place(built: Path, folder: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker, how: str, replace: bool) -> bool:
+async def _create(into: Path, name: str, text: str, state_dir: str, book: approvals.Book, asker: Asker, how: str,
+                  replace: bool, notes: tuple[str, ...] = ()) -> bool:
     """Build the folder in the state dir, install what it runs, ship its lock, show its grants; once a
     person approved them, record the approval and move the folder into the plugins folder."""
     folder = into / name
@@ -349,11 +383,11 @@ async def _create(into: Path, name: str, text: str, state_dir: str, asker: Asker
             lock = installer.lock_file(env)
             if lock is not None:
                 (staging / lock[0]).write_text(lock[1], encoding="utf-8")
-        print("\n".join(approvals.describe(manifest)))
+        print("\n".join([*approvals.describe(manifest), *notes]))
         if not asker.confirm(f"Approve {name} with these permissions?"):
             return False
         # Recorded first: the moment the folder appears, a daemon holds it to exactly this approval.
-        approvals.record(state_dir, manifest, str(folder), how)
+        book.write(manifest, str(folder), how)
         _put_in_place(staging, folder)
         print(f"added {folder} (approved)")
         return True
@@ -451,7 +485,9 @@ def cmd_import(args: argparse.Namespace, cfg: Any) -> int:
             allow, fixed = _env_for(raw_name, entry.get("env"), inputs, args, asker)
             text = manifest_text(name, f"{raw_name}, imported from {os.path.basename(args.file)}", server, allow, fixed,
                                  read, write, net)
-            if trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell import {args.file}", args.replace):
+            notes = (resolved_note(entry["command"], server["command"][0]),) if server.get("command") else ()
+            if trio.run(_create, into, name, text, cfg.state_dir, book_for(cfg), asker,
+                        f"toolcell import {args.file}", args.replace, notes):
                 made += 1
             else:
                 failed += 1
@@ -467,7 +503,7 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
     asker = Asker(args.yes)
     try:
         into = _destination(args, cfg)
-        registry = args.spec.endswith(".json") and os.path.isfile(args.spec)
+        registry = args.spec.endswith(".json") and not os.path.isdir(args.spec)
         if args.spec.startswith(("npm:", "pypi:")) or registry:
             allow = sorted({v for v in (args.env or []) if "=" not in v})
             fixed = dict(v.split("=", 1) for v in (args.env or []) if "=" in v)
@@ -492,28 +528,14 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
                 return 1
             text = manifest_text(name, about or f"{pkg.name}, added with toolcell add", server, allow, fixed, read,
                                  write, net)
-            ok = trio.run(_create, into, name, text, cfg.state_dir, asker, f"toolcell add {args.spec}", args.replace)
+            ok = trio.run(_create, into, name, text, cfg.state_dir, book_for(cfg), asker,
+                          f"toolcell add {args.spec}", args.replace)
             return 0 if ok else 1
-        source = Path(args.spec).resolve()
-        manifest = load_manifest(source)
-        folder = into / manifest.name
-        if folder.exists() and not args.replace:
-            raise ImportProblem(f"{folder} already exists (use --replace to overwrite it)")
-        print("\n".join(approvals.describe(manifest)))
-        if not asker.confirm(f"Approve {manifest.name} with these permissions?"):
-            return 1
-        approvals.record(cfg.state_dir, manifest, str(folder), f"toolcell add {source}")
-        if folder != source:
-            staging = _staging(cfg.state_dir, manifest.name)
-            try:
-                shutil.copytree(source, staging / "plugin", symlinks=True)
-                _put_in_place(staging / "plugin", folder)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-        print(f"added {folder} (approved)")
-        return 0
+        return _add_folder(Path(args.spec).resolve(), into, cfg.state_dir, book_for(cfg), asker, args.replace)
     except ManifestError as exc:
         print(f"toolcell add: {exc}", file=sys.stderr)
+    except plugin_files.PluginFileError as exc:
+        print(f"toolcell add: {args.spec}: {exc.reason}", file=sys.stderr)
     except (ImportProblem, RegistryProblem, approvals.ApprovalsError, ValueError, OSError) as exc:
         print(f"toolcell add: {exc}", file=sys.stderr)
     except installer.NoExecutableChosen as exc:
@@ -526,6 +548,41 @@ def cmd_add(args: argparse.Namespace, cfg: Any) -> int:
     except installer.InstallError as exc:
         print(f"toolcell add: {exc.reason}", file=sys.stderr)
     return 1
+
+
+def _add_folder(source: Path, into: Path, state_dir: str, book: approvals.Book, asker: Asker, replace: bool) -> int:
+    """``toolcell add FOLDER``: copy the folder into the state dir (``plugin_files.copy_folder``: regular
+    files and folders only, capped), show and approve what the *copy* asks for, then move the copy into
+    place. A folder already in the plugins folder is approved where it is."""
+    manifest = load_manifest(source)
+    if into / manifest.name == source:
+        if not _approve_added(manifest, source, book, asker, source):
+            return 1
+        print(f"approved {source} where it is")
+        return 0
+    staging = _staging(state_dir, manifest.name)
+    try:
+        copy = staging / "plugin"
+        plugin_files.copy_folder(str(source), str(copy))
+        manifest = load_manifest(copy)  # what is approved is what was copied, whatever the source does meanwhile
+        folder = into / manifest.name
+        if folder.exists() and not replace:
+            raise ImportProblem(f"{folder} already exists (use --replace to overwrite it)")
+        if not _approve_added(manifest, folder, book, asker, source):
+            return 1
+        _put_in_place(copy, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"added {folder} (approved)")
+    return 0
+
+
+def _approve_added(manifest: Any, folder: Path, book: approvals.Book, asker: Asker, source: Path) -> bool:
+    print("\n".join(approvals.describe(manifest)))
+    if not asker.confirm(f"Approve {manifest.name} with these permissions?"):
+        return False
+    book.write(manifest, str(folder), f"toolcell add {source}")
+    return True
 
 
 def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
@@ -542,19 +599,33 @@ def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
               f"{', '.join(cfg.plugins)}", file=sys.stderr)
         return 2
     path, manifest = found[0]
+    book = book_for(cfg)
+    snapshot = book.read()
+    # A record that cannot be trusted (a shared book checks each alone) is replaced by approving again.
+    distrusted = snapshot.untrusted.get(approvals.key(path)) if not snapshot.problem else None
     try:
-        more = approvals.differences(manifest, path, cfg.state_dir)
+        more = None if distrusted else approvals.differences_in(snapshot, manifest, path)
     except approvals.ApprovalsError as exc:
         print(f"toolcell approve: {exc}", file=sys.stderr)
         return 2
     print("\n".join(approvals.describe(manifest)))
-    if more is not None:
+    if distrusted:
+        print(f"  {distrusted}: approving records it anew")
+    elif more is not None:
         print("  beyond its last approval: " + ("; ".join(more) if more else "nothing"))
     if not Asker(args.yes).confirm(f"Approve {manifest.name} with these permissions?"):
         return 1
-    approvals.record(cfg.state_dir, manifest, str(path), "toolcell approve")
-    flags = "".join(f" --plugins {d}" for d in args.plugins or []) + (f" --config {args.config}" if args.config else "")
-    print(f"approved {manifest.name}; a running daemon picks it up at its next reload (toolcell reload{flags})")
+    try:
+        book.write(manifest, str(path), "toolcell approve")
+    except approvals.ApprovalsError as exc:
+        print(f"toolcell approve: {exc}", file=sys.stderr)
+        return 2
+    if cfg.approvals.store is None:
+        flags = "".join(f" --plugins {d}" for d in args.plugins or []) + (f" --config {args.config}" if args.config else "")
+        print(f"approved {manifest.name}; a running daemon picks it up at its next reload (toolcell reload{flags})")
+    else:
+        print(f"approved {manifest.name} in {book.where}; every daemon reading it picks it up within "
+              f"{cfg.approvals.poll_s:g} s")
     return 0
 
 

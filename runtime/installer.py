@@ -595,6 +595,10 @@ async def python_requirements(requirements: list[str], state_dir: str, plugin_di
     return Installed(dest, site=site)
 
 
+#: An installed package's metadata file (``entry_points.txt``, ``package.json``) is refused larger than this.
+MAX_METADATA_BYTES = 1024 * 1024
+
+
 def _pypi_script(venv: str, package: Package, wanted: str) -> str:
     """The console script to run: ``wanted``, else the package's only one, else the one named like it."""
     site = os.path.join(venv, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
@@ -602,10 +606,13 @@ def _pypi_script(venv: str, package: Package, wanted: str) -> str:
     scripts: list[str] = []
     for entry in sorted(os.listdir(site)) if os.path.isdir(site) else []:
         if entry.lower().startswith(prefix) and entry.endswith(".dist-info"):
-            ep = os.path.join(site, entry, "entry_points.txt")
-            if os.path.isfile(ep):
+            try:  # the package's own file: read as a plugin's files are (no link, no FIFO, capped)
+                text = plugin_files.read_text(site, f"{entry}/entry_points.txt", MAX_METADATA_BYTES)
+            except plugin_files.PluginFileError as exc:
+                raise InstallError(f"{package}: {exc.reason}") from None
+            if text is not None:
                 section = ""
-                for line in Path(ep).read_text(encoding="utf-8", errors="replace").splitlines():
+                for line in text.splitlines():
                     line = line.strip()
                     if line.startswith("["):
                         section = line
@@ -703,11 +710,15 @@ async def npm_package(package: Package, state_dir: str, plugin_dir: str | None =
 
 def _npm_bin(dest: str, package: Package, wanted: str) -> str:
     root = os.path.realpath(os.path.join(dest, "node_modules", package.name))
-    try:
-        with open(os.path.join(root, "package.json"), encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as exc:
+    try:  # the package's own file: read as a plugin's files are (no link, no FIFO, capped)
+        text = plugin_files.read_text(root, "package.json", MAX_METADATA_BYTES)
+        meta = json.loads(text) if text is not None else None
+    except plugin_files.PluginFileError as exc:
+        raise InstallError(f"{package}: {exc.reason}") from None
+    except ValueError as exc:
         raise InstallError(f"{package}: unreadable package.json: {exc}") from None
+    if meta is None:
+        raise InstallError(f"{package}: unreadable package.json: no such file")
     bins = meta.get("bin") if isinstance(meta, dict) else None
     if isinstance(bins, str):
         bins = {package.name.rsplit("/", 1)[-1]: bins}

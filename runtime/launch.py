@@ -17,7 +17,6 @@ cgroup memory limit accounts for what it really uses.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 
 from runtime import installer, plugin_files
@@ -37,25 +36,40 @@ class LaunchError(Exception):
 
 
 def _which(name: str) -> str:
-    found = shutil.which(name, path=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"))
+    found = installer.which(name)  # PATH's absolute entries only: never the daemon's working directory
     if found is None:
         raise LaunchError(f"{name!r} is not on the daemon's PATH")
     return found
 
 
+def _in_folder(relative: str, plugin_dir: str, what: str) -> str:
+    """``relative`` as a regular file beneath the plugin folder (``runtime.plugin_files``), absolute."""
+    try:
+        fd = plugin_files.open_beneath(plugin_dir, relative)
+    except plugin_files.PluginFileError as exc:
+        raise LaunchError(f"{what}: {exc.reason}") from None
+    if fd is None:
+        raise LaunchError(f"{what}: no such file in the plugin folder")
+    os.close(fd)
+    return os.path.join(plugin_dir, os.path.normpath(relative))
+
+
+def _interpreter(name: str, path: str, plugin_dir: str) -> str:
+    """The program a ``#!`` line names. A relative one is a file of the plugin folder: the kernel would
+    look it up in the working directory of whoever execs the script, which is nobody's choice here
+    (it used to be the daemon's own)."""
+    if os.path.isabs(name):
+        return name
+    return _in_folder(name, plugin_dir, f"{path}: the '#!' interpreter {excerpt(name)} (a relative "
+                                        f"interpreter is a file of the plugin folder; use #!/usr/bin/env NAME "
+                                        f"for a program on PATH)")
+
+
 def _executable(first: str, plugin_dir: str) -> str:
     if os.path.isabs(first):
         path = first
-    elif "/" in first:
-        path = os.path.join(plugin_dir, first)
-        try:  # a file of the plugin folder: no link, no FIFO, beneath the folder (runtime.plugin_files)
-            fd = plugin_files.open_beneath(plugin_dir, first)
-        except plugin_files.PluginFileError as exc:
-            raise LaunchError(f"{first!r}: {exc.reason}") from None
-        if fd is None:
-            raise LaunchError(f"{first!r}: no such file")
-        os.close(fd)
-        return path
+    elif "/" in first:  # a file of the plugin folder: no link, no FIFO, beneath it (runtime.plugin_files)
+        return _in_folder(first, plugin_dir, excerpt(first))
     else:
         path = _which(first)
     if not os.path.isfile(path):
@@ -107,8 +121,9 @@ def _shebang(path: str, plugin_dir: str) -> list[str] | None:
             rest = rest[1:]
         if not rest:
             raise LaunchError(f"{path}: '#!{excerpt(line)}' names no program")
-        return [_which(rest[0]), *rest[1:]]
-    return [parts[0], *parts[1:2]] if len(parts) > 1 else [parts[0]]
+        program = _which(rest[0]) if "/" not in rest[0] else _interpreter(rest[0], path, plugin_dir)
+        return [program, *rest[1:]]
+    return [_interpreter(parts[0], path, plugin_dir), *parts[1:2]]
 
 
 def resolve(argv: list[str], plugin_dir: str) -> tuple[list[str], list[str]]:

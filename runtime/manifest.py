@@ -38,7 +38,9 @@ Example::
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
@@ -146,9 +148,7 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
     elif not _ENTRY.match(m.entry):
         problems.append(f"entry {excerpt(m.entry)} is not a module name")
     else:
-        top = m.entry.split(".")[0]
-        if not ((plugin_dir / f"{top}.py").is_file() or (plugin_dir / top).is_dir()):
-            problems.append(f"entry module {excerpt(m.entry)} not found in {plugin_dir}")
+        problems.extend(_entry_problems(m.entry, plugin_dir))
     if m.prefix and not re.match(r"^[A-Za-z0-9_.-]{1,32}$", m.prefix):
         problems.append(f"prefix {excerpt(m.prefix)}: use 1-32 chars of [A-Za-z0-9_.-]")
     for var in list(m.env.allow) + list(m.env.set):
@@ -170,6 +170,24 @@ def check_manifest(m: Manifest, plugin_dir: Path) -> list[str]:
             elif ".." in p.split("/"):
                 problems.append(f"permissions.{kind} {excerpt(p)}: must not contain '..' (name the folder itself)")
     return problems
+
+
+def _entry_problems(entry: str, plugin_dir: Path) -> list[str]:
+    """The entry module must be ``TOP.py`` (a regular file) or ``TOP/`` (a folder) of the plugin folder,
+    seen by ``lstat``: a link is not followed (``runtime.plugin_files``), so a plugin cannot make the
+    daemon probe for files outside its folder."""
+    top = entry.split(".")[0]
+    for name, fits in ((f"{top}.py", stat.S_ISREG), (top, stat.S_ISDIR)):
+        try:
+            mode = os.lstat(plugin_dir / name).st_mode
+        except OSError:
+            continue
+        if fits(mode):
+            return []
+        if stat.S_ISLNK(mode):
+            return [f"entry module {excerpt(entry)}: {name} is a symbolic link (links in a plugin folder are not "
+                    f"followed)"]
+    return [f"entry module {excerpt(entry)} not found in {plugin_dir}"]
 
 
 def load_manifest(plugin_dir: Path) -> Manifest:

@@ -70,7 +70,7 @@ def load_state_key(path: str) -> bytes:
     whoever loses that race reads the winner's."""
     for _ in range(3):
         try:
-            return _read_key(path)
+            return read_key_file(path)
         except FileNotFoundError:
             pass
         os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
@@ -87,10 +87,13 @@ def load_state_key(path: str) -> bytes:
                 os.unlink(tmp)
             except OSError:
                 pass
-    return _read_key(path)
+    return read_key_file(path)
 
 
-def _read_key(path: str) -> bytes:
+def read_key_file(path: str, what: str = "requestState key", least_bytes: int = 16) -> bytes:
+    """The secret in a key file an operator provides (or the daemon made), checked like PostgreSQL
+    checks its own: raises ``OSError`` when it cannot be read, ``ValueError`` when others may read it or
+    it is too short."""
     with open(path, "rb") as f:
         info = os.fstat(f.fileno())
         # PostgreSQL's rule for its key files: a key of our own is for us alone (0600); one that root
@@ -99,11 +102,11 @@ def _read_key(path: str) -> bytes:
         shared_by_root = info.st_uid == 0 != os.geteuid()
         forbidden = (stat.S_IWGRP | stat.S_IXGRP | stat.S_IRWXO) if shared_by_root else (stat.S_IRWXG | stat.S_IRWXO)
         if info.st_mode & forbidden:
-            raise ValueError(f"{path}: the requestState key must not be readable by others (chmod 600; a key "
+            raise ValueError(f"{path}: the {what} must not be readable by others (chmod 600; a key "
                              "owned by root may be 0640)")
         key = f.read(4096)
-    if len(key) < 16:
-        raise ValueError(f"{path}: a requestState key needs at least 16 bytes")
+    if len(key) < least_bytes:
+        raise ValueError(f"{path}: a {what} needs at least {least_bytes} bytes")
     return key
 
 

@@ -18,6 +18,12 @@ read but the daemon (root) can, a device, a folder, or gigabytes. So every such 
 * the async forms run off the event loop (``trio.to_thread``) under a deadline
   (``READ_DEADLINE_S``), so a folder on a stuck network mount refuses its plugin, not the daemon.
 
+``copy_folder`` (``toolcell add FOLDER``) holds the same rules for a whole folder: it copies regular
+files and folders only, and refuses -- before a byte is copied -- a link, FIFO, device or socket
+anywhere in it, a file with a hard link outside the folder (another name of a file its author may
+not be able to read), and a folder larger than ``MAX_COPY_BYTES`` (apparent size: a sparse file
+counts whole) or with more than ``MAX_COPY_ENTRIES`` entries.
+
 A refusal is a ``PluginFileError`` whose ``reason`` names the file and says what it is, never what
 it holds. Only a file that passed every check may be quoted, and then through ``excerpt`` (short,
 escaped). The plugin folder itself is the operator's choice (the plugins folder, or a link to a
@@ -30,6 +36,7 @@ import errno
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import trio
@@ -182,3 +189,135 @@ async def read_text_async(folder: str, relative: str, max_bytes: int = MAX_FILE_
                           empty_ok: bool = True) -> str | None:
     """``read_text`` off the event loop, under the deadline."""
     return await off_loop(lambda: read_text(folder, relative, max_bytes, empty_ok=empty_ok), what=f"reading {relative}")
+
+
+# -- copying a whole folder (``toolcell add FOLDER``) -------------------------------------------------
+
+#: A folder copied in (``copy_folder``) is refused larger than this (sum of apparent file sizes).
+MAX_COPY_BYTES = 512 * 1024 * 1024
+#: ... or with more files and folders than this, or nested deeper than ``MAX_COPY_DEPTH``.
+MAX_COPY_ENTRIES = 50_000
+MAX_COPY_DEPTH = 64
+#: Not copied: version-control history and caches (a local ``git clone`` hard-links ``.git/objects``).
+COPY_SKIPS = frozenset({".git", "__pycache__", ".mypy_cache", ".pytest_cache", ".hypothesis", ".ruff_cache"})
+
+
+@dataclass(frozen=True)
+class _Planned:
+    relative: str
+    is_dir: bool
+    dev: int
+    ino: int
+    size: int
+    mode: int
+    nlink: int
+
+
+def _plan(folder: str, max_bytes: int, max_entries: int) -> list[_Planned]:
+    """Every entry of ``folder`` (parents first), checked by ``lstat`` through folder fds only: no
+    file is opened, no link followed. Raises ``PluginFileError`` naming the first entry refused."""
+    planned: list[_Planned] = []
+    names_seen: dict[tuple[int, int], int] = {}
+    total = 0
+
+    def walk(dir_fd: int, prefix: str, depth: int) -> None:
+        nonlocal total
+        if depth > MAX_COPY_DEPTH:
+            raise PluginFileError(f"{prefix.rstrip('/')} is nested more than {MAX_COPY_DEPTH} folders deep")
+        for name in sorted(os.listdir(dir_fd)):
+            if name in COPY_SKIPS:
+                continue
+            shown = prefix + name
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise PluginFileError(f"{shown} disappeared while being copied") from None
+            if len(planned) >= max_entries:
+                raise PluginFileError(f"the folder holds more than {max_entries} files and folders")
+            if stat.S_ISDIR(st.st_mode):
+                planned.append(_Planned(shown, True, st.st_dev, st.st_ino, 0, st.st_mode, st.st_nlink))
+                try:
+                    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+                except OSError as exc:
+                    raise PluginFileError(f"{shown} cannot be opened: {exc.strerror or exc}") from None
+                try:
+                    opened = os.fstat(fd)
+                    if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+                        raise PluginFileError(f"{shown} was replaced while being copied")
+                    walk(fd, shown + "/", depth + 1)
+                finally:
+                    os.close(fd)
+            elif stat.S_ISREG(st.st_mode):
+                total += st.st_size
+                if total > max_bytes:
+                    raise PluginFileError(f"the folder is larger than {max_bytes} bytes (at {shown})")
+                names_seen[(st.st_dev, st.st_ino)] = names_seen.get((st.st_dev, st.st_ino), 0) + 1
+                planned.append(_Planned(shown, False, st.st_dev, st.st_ino, st.st_size, st.st_mode, st.st_nlink))
+            else:
+                raise PluginFileError(f"{shown} is {_kind(st.st_mode)}: only regular files and folders are copied")
+
+    try:
+        root = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PluginFileError(f"{folder} cannot be opened as a folder: {exc.strerror or exc}") from None
+    try:
+        walk(root, "", 1)
+    finally:
+        os.close(root)
+    for entry in planned:
+        if not entry.is_dir and entry.nlink > names_seen[(entry.dev, entry.ino)]:
+            raise PluginFileError(f"{entry.relative} has a hard link outside the folder (it is also another "
+                                  f"file, which may not be its author's to read)")
+    return planned
+
+
+def _copy_file(folder: str, entry: _Planned, dest: str) -> None:
+    fd = open_beneath(folder, entry.relative)
+    if fd is None:
+        raise PluginFileError(f"{entry.relative} disappeared while being copied")
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (entry.dev, entry.ino):
+            raise PluginFileError(f"{entry.relative} was replaced while being copied")
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            left = entry.size + 1  # a file that reads longer than its size (it grew, or is not what it says)
+            while left > 0:
+                try:
+                    chunk = os.read(fd, min(1 << 20, left))
+                except OSError as exc:
+                    raise PluginFileError(f"{entry.relative} cannot be read: {exc.strerror or exc}") from None
+                if not chunk:
+                    break
+                left -= len(chunk)
+                if left == 0:
+                    raise PluginFileError(f"{entry.relative} grew while being copied")
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view):]
+            os.fchmod(out, stat.S_IMODE(entry.mode) & 0o777)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+def copy_folder(folder: str, dest: str, *, max_bytes: int = MAX_COPY_BYTES,
+                max_entries: int = MAX_COPY_ENTRIES) -> None:
+    """Copy the plugin folder ``folder`` to ``dest`` (which must not exist): regular files and folders
+    only, every file opened as ``open_beneath`` opens one, nothing read beyond the size first seen.
+    Raises ``PluginFileError`` naming the path refused and what it is; ``dest`` may then hold a part
+    (the caller copies into a private staging folder and removes it). Blocking: not for an event loop
+    (``off_loop``)."""
+    planned = _plan(folder, max_bytes, max_entries)
+    os.mkdir(dest, 0o700)
+    for entry in planned:
+        target = os.path.join(dest, entry.relative)
+        if entry.is_dir:
+            os.mkdir(target, 0o700)
+        else:
+            _copy_file(folder, entry, target)
+    for entry in reversed(planned):  # folders last (and children first), so a read-only one is filled
+        if entry.is_dir:
+            os.chmod(os.path.join(dest, entry.relative), stat.S_IMODE(entry.mode) & 0o777 | 0o700)
+    os.chmod(dest, 0o755)

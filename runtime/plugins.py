@@ -29,7 +29,7 @@ from runtime.execution.runner import PluginLoadError, Runner
 from sandbox import wire
 from runtime import approvals, installer
 from runtime import launch
-from runtime.approvals import HELD
+from runtime.approvals import HELD, Snapshot
 
 
 @dataclass(eq=False)
@@ -88,10 +88,12 @@ def discover(dirs: Iterable[str]) -> list[Path]:
 
 
 async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir: str, min_workers: int,
-                      describe_only: bool = False, secrets: SecretStore | None = None) -> Plugin:
+                      describe_only: bool = False, secrets: SecretStore | None = None,
+                      approved: Snapshot | None = None) -> Plugin:
     """Load one plugin: manifest, first worker, tool checks. Never raises for the plugin's faults.
 
-    ``secrets``: the operator's values for plugins' secrets (none when not given)."""
+    ``secrets``: the operator's values for plugins' secrets (none when not given). ``approved``: the
+    approvals to check it against (None: the state dir's, read now)."""
     plugin = Plugin(path)
     try:
         plugin.manifest = await plugin_files.off_loop(load_manifest, path, what=f"reading {MANIFEST_NAME}")
@@ -101,7 +103,8 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
     except plugin_files.PluginFileError as exc:
         plugin.problems = [f"{path / MANIFEST_NAME}: {exc.reason}"]
         return plugin
-    held = approvals.check(plugin.manifest, path, state_dir)
+    held = (approvals.check(plugin.manifest, path, state_dir) if approved is None
+            else approvals.check_in(approved, plugin.manifest, path))
     if held:
         plugin.problems = [held]
         return plugin

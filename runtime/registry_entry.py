@@ -15,10 +15,13 @@ file is untrusted: each value is checked before it becomes an argument, a packag
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from runtime import plugin_files
 
 #: server.json files are a few kilobytes; anything far larger is not one.
 MAX_BYTES = 1024 * 1024
@@ -65,11 +68,17 @@ def read_server_json(path: Path, given_args: list[str], ask: Callable[[str, str]
     """The registry entry at ``path`` as a hosted server. ``given_args`` are ``--arg`` values for the
     arguments the entry leaves open, in order; ``ask(question, default)`` asks a person (or returns
     the default). Raises ``RegistryProblem``."""
+    # A server.json may come with a cloned repository: followed to where it leads (realpath opens
+    # nothing), then read as a plugin's files are: a regular file only (never a FIFO or a device),
+    # without blocking, capped.
+    real = os.path.realpath(path)
     try:
-        raw = path.read_bytes()[:MAX_BYTES + 1]
-        if len(raw) > MAX_BYTES:
-            raise RegistryProblem(f"{path}: larger than {MAX_BYTES} bytes: not a server.json")
+        raw = plugin_files.read_bytes(os.path.dirname(real), os.path.basename(real), MAX_BYTES)
+        if raw is None:
+            raise RegistryProblem(f"{path}: no such file")
         data = _camel(json.loads(raw))
+    except plugin_files.PluginFileError as exc:
+        raise RegistryProblem(f"{path}: {exc.reason}") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise RegistryProblem(f"{path}: cannot read it as JSON: {exc}") from None
     if isinstance(data, dict) and isinstance(data.get("server"), dict):

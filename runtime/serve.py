@@ -58,7 +58,7 @@ async def _drain_then_shut_down(daemon: Any, shutdown: trio.Event, drain_s: floa
     """``/healthz`` says "draining" for ``drain_s`` while everything is still served (a balancer's
     health check takes the replica out meanwhile), then the graceful shutdown begins."""
     daemon.draining = True
-    logs.log("draining", seconds=drain_s, note="/healthz answers 503 draining; requests are still served")
+    logs.log("draining", seconds=drain_s, note="/healthz answers 404 draining; requests are still served")
     await trio.sleep(drain_s)
     shutdown.set()
 

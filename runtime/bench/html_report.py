@@ -21,7 +21,7 @@ import html
 import math
 from typing import Any
 
-from runtime.bench.report import Report, Segment, environment_lines, table
+from runtime.bench.report import Report, Segment, environment_lines, table, verdict
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1200px; color: #222; }
@@ -215,6 +215,10 @@ def render(report: Report) -> str:
     parts.append(f"<p>{html.escape(str(cfg.get('shape_mode')))} loop, {html.escape(str(cfg.get('era')))}; "
                  f"{cfg.get('repeat')} × {html.escape(str(cfg.get('window')))} after {cfg.get('warmup_s')} s warm-up; "
                  f"scenario: {html.escape(str(cfg.get('scenario_text')))}</p>")
+    answers = verdict(report)
+    if answers:
+        parts.append("<h2>Verdict</h2><ul class='verdict'>" + "".join(f"<li>{html.escape(a)}</li>" for a in answers)
+                     + "</ul>")
     parts.append("<table class='targets'><tr><th>target</th><th>what</th><th>server</th><th>status</th><th>knee</th></tr>")
     for t in report.targets:
         info = t.server_info or {}

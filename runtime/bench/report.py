@@ -15,6 +15,7 @@ import msgspec
 
 from runtime.bench.phases import PhaseRow
 from runtime.bench.procs import ProcMemory
+from runtime.bench.significance import mann_whitney_p, smallest_p
 from runtime.bench.stats import Latency, OpResult, TimelinePoint
 from runtime.bench.targets import CheckResult
 
@@ -239,6 +240,51 @@ def table(rows: Sequence[Summary], baseline: str | None, markdown: bool = False)
     return "\n".join(table_lines(headers(rows), [_cells(r, baseline) for r in rows], markdown))
 
 
+def verdict(report: Report) -> list[str]:
+    """The answer first: per load step, which target is faster than the baseline, by how much (the
+    ratio of medians, and the range the repeats allow: worst against best pairing), and how sure
+    (the Mann-Whitney p-value of the repeats; "–" with too few). Closed loop: calls/s; open loop:
+    p99 latency (both runs were offered the same rate)."""
+    base = report.baseline or (report.targets[0].name if report.targets else None)
+    if base is None:
+        return []
+    lines = []
+    steps = sorted({(s.step_index, s.step) for s in report.summary})
+    for _, step in steps:
+        rows = {r.target: r for r in report.summary if r.step == step}
+        if base not in rows:
+            continue
+        open_loop = rows[base].offered_per_s is not None
+
+        def samples(target: str, step: str = step, open_loop: bool = open_loop) -> list[float]:
+            return [seg.latency.p99_ms if open_loop else seg.calls_per_s for seg in report.segments
+                    if seg.target == target and seg.step == step and seg.skipped is None and seg.ok]
+
+        b = samples(base)
+        for target, row in rows.items():
+            if target == base:
+                continue
+            t = samples(target)
+            if not b or not t or min(b) <= 0 or min(t) <= 0:
+                continue
+            if open_loop:
+                ratio, lo, hi = row.latency.p99_ms / rows[base].latency.p99_ms, min(t) / max(b), max(t) / min(b)
+                what = f"p99 {row.latency.p99_ms:.2f} ms is {ratio:.3g}x {base}'s"
+                better = ratio < 1
+            else:
+                ratio, lo, hi = row.calls_per_s / rows[base].calls_per_s, min(t) / max(b), max(t) / min(b)
+                what = f"{row.calls_per_s:,.0f} calls/s is {ratio:.3g}x {base}'s"
+                better = ratio > 1
+            if smallest_p(len(b), len(t)) >= 0.05:
+                sure = f"too few repeats to tell noise apart ({len(b)}+{len(t)}; use --repeat 5)"
+            else:
+                p = mann_whitney_p(b, t)
+                sure = (f"{'faster' if better else 'slower'}, p={p:.3f}" if p < 0.05 else
+                        f"no significant difference, p={p:.3f}")
+            lines.append(f"{step}: {target} {what} (repeats allow {lo:.3g}x-{hi:.3g}x; {sure})")
+    return lines
+
+
 def render_text(report: Report, markdown: bool = False) -> str:
     """Everything a person reads at the end of a run."""
     out = []
@@ -246,6 +292,11 @@ def render_text(report: Report, markdown: bool = False) -> str:
     out.append(f"{cfg.get('shape_mode')} loop, {cfg.get('era')} era; {cfg.get('repeat')} x "
                f"{cfg.get('window')} after {cfg.get('warmup_s')} s warm-up; scenario: {cfg.get('scenario_text')}")
     out.append("")
+    answers = verdict(report)
+    if answers:
+        out.append("**Verdict**" if markdown else "verdict:")
+        out.extend(("- " if markdown else "  ") + line for line in answers)
+        out.append("")
     for t in report.targets:
         info = t.server_info or {}
         who = f"{info.get('name', '?')} {info.get('version', '')}".strip() if info else "-"

@@ -349,10 +349,12 @@ class HttpApp:
                      headers=[(b"cache-control", b"no-store")])
 
     async def _healthz(self, r: Responder) -> None:
-        """Readiness: 200 only while this daemon wants requests. On SIGTERM it says "draining" (503)
-        for ``http.drain_s`` while it still serves, so a balancer stops sending before the listener
-        closes; then "stopping". ``catalog`` is the fingerprint of the tools it serves and
-        ``catalog_differs`` the daemons sharing its task store that serve another catalog."""
+        """Readiness: 200 only while this daemon wants requests. On SIGTERM it says "draining" for
+        ``http.drain_s`` while it still serves, so a balancer stops sending before the listener closes;
+        then "stopping" (503). Draining answers 404, which HAProxy's ``http-check disable-on-404`` reads as
+        "no new clients, but keep sending the sticky ones" (legacy sessions finish on this replica);
+        any other balancer reads it as down, like a 503. ``catalog`` is the fingerprint of the tools it
+        serves and ``catalog_differs`` the daemons sharing its task store that serve another catalog."""
         daemon = self.daemon
         ready = self.ready
         status = "ready" if ready else ("stopping" if self.shutting_down else
@@ -362,7 +364,8 @@ class HttpApp:
                            "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight,
                            "catalog": daemon.catalog.fingerprint,
                            "catalog_differs": tasks.catalogs_differing() if tasks is not None else []})
-        await r.body(200 if ready else 503, body, headers=[(b"cache-control", b"no-store")])
+        await r.body(200 if ready else 404 if status == "draining" else 503, body,
+                     headers=[(b"cache-control", b"no-store")])
 
     async def _plain_error(self, r: Responder, status: int, message: str, headers: Headers | None = None,
                            id_bytes: bytes | None = None) -> None:

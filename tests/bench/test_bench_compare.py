@@ -202,3 +202,40 @@ def test_large_samples_use_the_normal_approximation_and_agree_in_direction() -> 
     shifted = [x + 3 for x in same[:40]]
     assert significance.mann_whitney_p(same[:40], shifted) < 1e-6
     assert significance.mann_whitney_p(same[:40], same[40:]) > 0.01
+
+
+def _two_targets(report: dict[str, Any], calls: float, repeats: int = REPEATS) -> dict[str, Any]:
+    """``report`` plus a second target, "other", whose every repeat does ``calls`` times the calls/s."""
+    out: dict[str, Any] = json.loads(json.dumps(report))
+    target = out["targets"][0]["name"]
+    other_target = json.loads(json.dumps(out["targets"][0])) | {"name": "other"}
+    out["targets"].append(other_target)
+    for seg in [s for s in out["segments"] if s["target"] == target]:
+        if seg["repeat"] <= repeats:
+            out["segments"].append(json.loads(json.dumps(seg)) | {"target": "other",
+                                                                  "calls_per_s": seg["calls_per_s"] * calls})
+    out["segments"] = [s for s in out["segments"] if s["repeat"] <= repeats]
+    for row in [r for r in out["summary"] if r["target"] == target]:
+        out["summary"].append(json.loads(json.dumps(row)) | {"target": "other", "calls_per_s": row["calls_per_s"] * calls})
+    out["baseline"] = target
+    return out
+
+
+def test_the_report_opens_with_which_is_faster_by_how_much_and_how_sure(base: dict[str, Any]) -> None:
+    from msgspec import json as mjson
+
+    from runtime.bench.report import Report, render_text, verdict
+
+    slower = mjson.decode(json.dumps(_two_targets(base, 0.5)), type=Report)
+    lines = verdict(slower)
+    assert len(lines) == 2  # one per step
+    assert all(" other " in line and "0.5x trivial's" in line and "slower, p=0.008" in line for line in lines), lines
+    assert render_text(slower).splitlines()[2] == "verdict:"
+    from runtime.bench.html_report import render
+
+    page = render(slower)
+    assert page.index("<h2>Verdict</h2>") < page.index("<h2>Summary</h2>")  # the answer comes first
+    same = mjson.decode(json.dumps(_two_targets(base, 1.0)), type=Report)
+    assert all("no significant difference" in line for line in verdict(same)), verdict(same)
+    few = mjson.decode(json.dumps(_two_targets(base, 0.5, repeats=3)), type=Report)
+    assert all("too few repeats" in line for line in verdict(few)), verdict(few)

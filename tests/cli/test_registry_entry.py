@@ -81,3 +81,20 @@ def test_add_of_a_registry_entry_installs_approves_and_serves_it(tmp_path: Path)
     called = toolcell("call", "filesystem_list_allowed_directories", "{}", "--plugins", str(into))
     assert called.returncode == 0, called.stderr
     assert str(shared) in called.stdout
+
+
+def test_a_server_json_that_is_a_fifo_a_device_or_huge_is_refused_without_hanging(tmp_path: Path) -> None:
+    """A server.json may come with a cloned repository: it is read as a plugin's files are."""
+    import os
+
+    fifo = tmp_path / "fifo.server.json"
+    os.mkfifo(fifo)
+    device = tmp_path / "zero.server.json"
+    device.symlink_to("/dev/zero")
+    huge = tmp_path / "huge.server.json"
+    with open(huge, "wb") as f:
+        f.truncate(64 * 1024 * 1024)
+    for path, fragment in ((fifo, "FIFO"), (device, "device"), (huge, "larger")):
+        with pytest.raises(RegistryProblem) as info:
+            read_server_json(path, [], no_one_asked)
+        assert fragment.lower() in info.value.args[0].lower(), info.value.args[0]

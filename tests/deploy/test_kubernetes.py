@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from runtime.approvals_shared import RedisBook
 from runtime.config import ConfigError, load_config
 from runtime.mrtr import load_state_key
 
@@ -133,6 +134,13 @@ def test_the_config_map_and_the_secret_are_mounted_where_toolcell_toml_says(base
     raw = tomllib.loads(config_map["data"]["toolcell.toml"])
     secret_files = {f"/run/secrets/toolcell/{name}": text for name, text in secret["stringData"].items()}
     assert raw["state_key_file"] in secret_files and raw["http"]["tokens_file"] in secret_files
+    # Approvals are shared through the task store's Redis, signed with a key from the Secret.
+    assert raw["approvals"]["store"] == raw["tasks"]["store"] and raw["approvals"]["key_file"] in secret_files
+    approvals_key = tmp_path / "approvals.key"
+    approvals_key.write_text(secret_files[raw["approvals"].pop("key_file")])
+    approvals_key.chmod(0o600)
+    raw["approvals"]["key_file"] = str(approvals_key)
+    assert "needs at least 32 bytes" in RedisBook(raw["approvals"]["store"], str(approvals_key)).read().problem
     assert raw["state_dir"] in mounts  # writable (an emptyDir) under a read-only root filesystem
     # The config is valid once the Secret holds real values, and refused while it holds the placeholders.
     tokens = tmp_path / "tokens.toml"

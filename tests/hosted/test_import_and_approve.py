@@ -8,6 +8,8 @@ import json
 import os
 import pty
 import shutil
+import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -150,6 +152,125 @@ async def test_add_of_a_plugin_folder_copies_it_in_and_records_its_approval(
     assert code == 0, out + err
     assert (into / "notes" / "notes.py").is_file()
     assert approvals.load(str(own_state))[os.path.realpath(into / "notes")]["name"] == "notes"
+
+
+async def test_import_shows_with_its_prompt_which_program_a_configs_command_resolved_to(tmp_path: Path) -> None:
+    bin_dir, repo = tmp_path / "bin", tmp_path / "repo"
+    bin_dir.mkdir()
+    repo.mkdir()
+    (bin_dir / "mytool").symlink_to("/bin/true")
+    (repo / "mytool").write_text("#!/bin/sh\n")
+    (repo / "mytool").chmod(0o755)
+    config_file = tmp_path / "mcp.json"
+    config_file.write_text(json.dumps({"mcpServers": {"tool": {"command": "mytool"}}}))
+    into = tmp_path / "plugins"
+    done = await trio.run_process(
+        [sys.executable, "-m", "runtime.cli", "import", str(config_file), "--into", str(into), "--config",
+         str(write_config(tmp_path, tmp_path / "state")), "--yes"],
+        cwd=str(repo), env={**os.environ, "PYTHONPATH": str(REPO), "PATH": f".:{bin_dir}:{os.environ['PATH']}"},
+        capture_stdout=True, capture_stderr=True, check=False, stdin=b"")
+    out = done.stdout.decode()
+    assert done.returncode == 0, out + done.stderr.decode()
+    assert f"'mytool' in the config is {bin_dir / 'mytool'} (-> {os.path.realpath('/bin/true')})" in out, out
+    assert str(repo / "mytool") not in (into / "tool" / "plugin.toml").read_text()
+
+
+def _sparse(path: Path) -> None:
+    with open(path, "wb") as f:
+        f.truncate(64 * 1024 * 1024)
+
+
+#: A client config that came with a cloned repository, as something other than a JSON file. A FIFO
+#: used to hang ``toolcell import`` and a device (/dev/zero's numbers) to be read until memory ran out.
+CONFIG_HOSTILE: dict[str, tuple[Callable[[Path], None], str]] = {
+    "fifo": (lambda path: os.mkfifo(path), "not a regular file: it is a FIFO"),
+    "device": (lambda path: os.mknod(path, 0o644 | stat.S_IFCHR, os.makedev(1, 5)), "not a regular file: it is a device"),
+    "directory": (lambda path: path.mkdir(), "not a regular file: it is a directory"),
+    "link-to-fifo": (lambda path: (os.mkfifo(path.with_suffix(".pipe")), path.symlink_to(path.with_suffix(".pipe"))),
+                     "it is a FIFO (" ),
+    "huge": (_sparse, "larger than"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIG_HOSTILE))
+async def test_import_of_a_config_that_is_no_regular_file_refuses_it_without_blocking(
+        tmp_path: Path, kind: str) -> None:
+    if kind == "device" and os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    make, says = CONFIG_HOSTILE[kind]
+    config_file = tmp_path / "mcp.json"
+    make(config_file)
+    with trio.fail_after(30):
+        code, out, err = await toolcell("import", str(config_file), "--into", str(tmp_path / "plugins"), "--config",
+                                        str(write_config(tmp_path, tmp_path / "state")), "--yes")
+    assert code == 2 and says in err, out + err
+
+
+def _socket(path: Path, secret: Path) -> None:
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.close()
+
+
+#: What ``toolcell add FOLDER`` met in the folder, and what its refusal says. Before, the folder was
+#: copied with ``shutil.copytree(symlinks=True)``: a device with /dev/zero's numbers was read without
+#: end, a hard link to a file outside was copied in as that file's content, a link out was kept.
+ADD_HOSTILE: dict[str, tuple[Callable[[Path, Path], None], str]] = {
+    "link-out": (lambda path, secret: path.symlink_to(secret), "a symbolic link"),
+    "link-in": (lambda path, secret: path.symlink_to("../notes.py"), "a symbolic link"),
+    "hard-link-out": (lambda path, secret: os.link(secret, path), "hard link outside the folder"),
+    "fifo": (lambda path, secret: os.mkfifo(path), "a FIFO"),
+    "socket": (_socket, "a socket"),
+    "device": (lambda path, secret: os.mknod(path, 0o644 | stat.S_IFCHR, os.makedev(1, 5)), "a device"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ADD_HOSTILE))
+async def test_add_of_a_folder_holding_anything_but_files_and_folders_refuses_it_naming_the_path(
+        make_plugin: Callable[..., Path], tmp_path: Path, kind: str) -> None:
+    if kind == "device" and os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    source = make_plugin("notes", "from sandbox import tool\n\n@tool\ndef note() -> str:\n    return 'n'\n",
+                         root="src")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET-add-must-not-copy\n")
+    secret.chmod(0o600)
+    (source / "notes" / "data").mkdir()
+    make, says = ADD_HOSTILE[kind]
+    make(source / "notes" / "data" / "thing", secret)
+    own_state = tmp_path / "state"
+    config = write_config(tmp_path, own_state)
+    into = tmp_path / "plugins"
+    with trio.fail_after(30):
+        code, out, err = await toolcell("add", str(source / "notes"), "--into", str(into), "--config", str(config),
+                                        "--yes")
+    assert code == 1, out + err
+    assert "data/thing" in err and says in err, err
+    assert not (into / "notes").exists()
+    assert approvals.load(str(own_state)) == {}, "an approval is recorded for a folder that was refused"
+    assert not list((own_state / "staging").iterdir()), "the partial copy is left behind"
+
+
+async def test_add_of_a_folder_copies_its_files_and_folders_and_hard_links_within_it(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    source = make_plugin("notes", "from sandbox import tool\n\n@tool\ndef note() -> str:\n    return 'n'\n",
+                         root="src")
+    folder = source / "notes"
+    (folder / "lib" / "deep").mkdir(parents=True)
+    (folder / "lib" / "deep" / "run.sh").write_text("#!/bin/sh\n")
+    (folder / "lib" / "deep" / "run.sh").chmod(0o4755)
+    os.link(folder / "notes.py", folder / "lib" / "same.py")
+    (folder / ".git").mkdir()
+    (tmp_path / "origin-object").write_bytes(b"x")
+    os.link(tmp_path / "origin-object", folder / ".git" / "object")  # a local clone hard-links its history
+    into = tmp_path / "plugins"
+    code, out, err = await toolcell("add", str(folder), "--into", str(into), "--config",
+                                    str(write_config(tmp_path, tmp_path / "state")), "--yes")
+    assert code == 0, out + err
+    copied = into / "notes"
+    assert (copied / "lib" / "same.py").read_text() == (folder / "notes.py").read_text()
+    assert stat.S_IMODE((copied / "lib" / "deep" / "run.sh").stat().st_mode) == 0o755  # never setuid
+    assert not (copied / ".git").exists()
 
 
 async def test_an_import_waiting_for_its_approval_is_not_served_by_a_daemon_watching_the_folder(

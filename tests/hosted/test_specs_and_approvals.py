@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,27 @@ def test_client_config_entries_translate_to_pinnable_packages_and_commands() -> 
             translate(entry)
 
 
+def test_an_imported_command_is_found_on_paths_absolute_entries_never_in_the_current_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cloned repository holding its own ``./mytool``, imported with an empty (or ``.``) PATH entry: the
+    config's ``mytool`` used to become the repository's program (``shutil.which`` searched the cwd)."""
+    repo, bin_dir = tmp_path / "repo", tmp_path / "bin"
+    for folder in (repo, bin_dir):
+        folder.mkdir()
+        (folder / "mytool").write_text("#!/bin/sh\n")
+        (folder / "mytool").chmod(0o755)
+    monkeypatch.chdir(repo)
+    for path in (f":{bin_dir}", f".:{bin_dir}", f"{bin_dir}::"):
+        monkeypatch.setenv("PATH", path)
+        server, _ = translate({"command": "mytool"})
+        assert server["command"] == [str(bin_dir / "mytool")], path
+    monkeypatch.setenv("PATH", ":.")
+    with pytest.raises(ImportProblem, match="not on PATH"):
+        translate({"command": "mytool"})
+    with pytest.raises(ImportProblem, match="relative"):
+        translate({"command": "./mytool"})
+
+
 def test_the_three_client_config_formats_are_read(tmp_path: Path) -> None:
     claude = tmp_path / "claude_desktop_config.json"
     claude.write_text(json.dumps({"mcpServers": {"a": {"command": "npx", "args": ["-y", "x"]}}}))
@@ -153,3 +175,29 @@ def test_a_recorded_approval_holds_a_wider_manifest_and_an_untrusted_file_is_ign
         approvals.load(str(state))
     with pytest.raises(approvals.ApprovalsError):
         approvals.record(str(state), wider, str(folder), "test")
+
+
+def test_an_installed_packages_metadata_is_read_without_following_a_link(tmp_path: Path) -> None:
+    """``entry_points.txt`` / ``package.json`` come from the package (hostile content): one that is a
+    link is refused, not read -- the console script named by a file outside used to be run."""
+    from runtime import installer
+    from runtime.installer import InstallError
+    from runtime.server_spec import parse_package
+
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("[console_scripts]\nstolen = x:y\n")
+    venv = tmp_path / "venv"
+    site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    (site / "demo_pkg-1.0.dist-info").mkdir(parents=True)
+    (site / "demo_pkg-1.0.dist-info" / "entry_points.txt").symlink_to(elsewhere)
+    with pytest.raises(InstallError, match="symbolic link"):
+        installer._pypi_script(str(venv), parse_package("pypi:demo-pkg==1.0"), "")
+    (site / "demo_pkg-1.0.dist-info" / "entry_points.txt").unlink()
+    (site / "demo_pkg-1.0.dist-info" / "entry_points.txt").write_text("[console_scripts]\ndemo-pkg = x:y\n")
+    assert installer._pypi_script(str(venv), parse_package("pypi:demo-pkg==1.0"), "") == "demo-pkg"
+    package = venv / "node_modules" / "demo"
+    package.mkdir(parents=True)
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"bin": "../../../elsewhere.txt"}))
+    (package / "package.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(InstallError, match="symbolic link"):
+        installer._npm_bin(str(venv), parse_package("npm:demo@1.0.0"), "")

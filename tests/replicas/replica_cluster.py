@@ -118,13 +118,17 @@ class Redis:
 
 
 def write_replica_config(folder: Path, *, redis_url: str, key_file: Path, drain_s: float = 2.5,
-                         heartbeat_s: float = 0.5, orphan_after_s: float = 1.5) -> Path:
-    """A replica's own config file: its own state dir; the shared Redis URL, key file and tokens."""
+                         heartbeat_s: float = 0.5, orphan_after_s: float = 1.5,
+                         approvals_key_file: Path | None = None) -> Path:
+    """A replica's own config file: its own state dir; the shared Redis URL, key file and tokens (and,
+    with ``approvals_key_file``, approvals kept in that Redis, signed with that key)."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = ['policy = "none"', "min_workers = 1", "watch = false", f'state_dir = "{folder / "state"}"',
              f'state_key_file = "{key_file}"', "[http]", f"drain_s = {drain_s}", "shutdown_grace_s = 5",
              'metrics_listen = "127.0.0.1:0"',
              "[tasks]", f'store = "{redis_url}"', f"heartbeat_s = {heartbeat_s}", f"orphan_after_s = {orphan_after_s}"]
+    if approvals_key_file is not None:
+        lines += ["[approvals]", f'store = "{redis_url}"', f'key_file = "{approvals_key_file}"', "poll_s = 0.3"]
     for principal, token in TOKENS.items():
         lines += ["[[http.tokens]]", f'principal = "{principal}"', f'sha256 = "{sha(token)}"']
     path = folder / "toolcell.toml"
@@ -205,15 +209,27 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def approvals_key(folder: Path) -> Path:
+    """The approvals key an operator hands every replica (and wherever ``toolcell approve`` runs)."""
+    key_file = folder / "approvals.key"
+    if not key_file.exists():
+        key_file.write_bytes(os.urandom(32))
+        key_file.chmod(0o600)
+    return key_file
+
+
 @asynccontextmanager
 async def open_cluster(folder: Path, *plugins: Path, replicas: int = 3, persist_redis: bool = False,
-                       **config: Any) -> AsyncIterator[Cluster]:
-    """Redis, ``replicas`` toolcell daemons (started together) and HAProxy in front of them."""
+                       shared_approvals: bool = False, **config: Any) -> AsyncIterator[Cluster]:
+    """Redis, ``replicas`` toolcell daemons (started together) and HAProxy in front of them.
+    ``shared_approvals``: approvals in the Redis (``[approvals]``), signed with ``approvals_key(folder)``."""
     folder.mkdir(parents=True, exist_ok=True)
     store = Redis(folder / "redis", persist=persist_redis)
     key_file = folder / "request-state.key"
     key_file.write_bytes(os.urandom(32).hex().encode())
     key_file.chmod(0o600)
+    if shared_approvals:
+        config["approvals_key_file"] = approvals_key(folder)
     daemons: list[HttpDaemon | None] = [None] * replicas
     haproxy: subprocess.Popen[bytes] | None = None
     try:
@@ -239,6 +255,11 @@ async def open_cluster(folder: Path, *plugins: Path, replicas: int = 3, persist_
                 with trio.move_on_after(WAIT_S):
                     await daemon.proc.wait()
         store.stop()
+
+
+def config_of(cluster: Cluster, name: str) -> Path:
+    """The config file of replica ``name`` (what an operator on that box runs ``toolcell`` with)."""
+    return cluster.folder / name / "toolcell.toml"
 
 
 def sigterm(daemon: HttpDaemon) -> None:

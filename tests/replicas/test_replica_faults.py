@@ -147,7 +147,7 @@ async def test_a_drained_replica_refuses_nothing_and_a_killed_one_loses_only_its
 
             # SIGTERM: /healthz says draining while the replica still serves; HAProxy sends elsewhere.
             sigterm(drained)
-            status, health = await until(lambda: cluster.healthz(client, drained), lambda h: h[0] == 503)
+            status, health = await until(lambda: cluster.healthz(client, drained), lambda h: h[0] == 404)
             assert health["status"] == "draining", health
             base = cluster.healthz_url(drained).rsplit("/", 1)[0]
             assert (await client.get(base + "/readyz")).status_code == 503  # readiness: out
@@ -244,3 +244,62 @@ async def test_a_redis_restart_under_load_keeps_plain_calls_working_and_task_req
         assert task_answers["503"] > 0 and task_answers["ok"] > 0
         # Redis persists (appendonly): the task finished before the restart is still there.
         assert (await http.task_get(task_id))["status"] == "completed"
+
+
+async def test_a_draining_replica_keeps_its_legacy_sessions_until_it_stops_and_takes_no_new_clients(
+        tmp_path: Path) -> None:
+    """HAProxy's ``disable-on-404``: /healthz answers 404 while draining, which takes the replica out of
+    round-robin but keeps sending it the requests that stick to it."""
+    async with open_cluster(tmp_path / "cluster", drain_s=8) as cluster, \
+            httpx2.AsyncClient(timeout=WAIT_S) as client:
+        http = Http(client, cluster.url, TOKENS["alice"])
+        drained = cluster.replica("replica2")
+
+        async def new_session() -> tuple[str, str]:
+            body = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "drain", "version": "1"}}}
+            with trio.fail_after(WAIT_S):
+                r = await client.post(cluster.url, json=body, headers=http.legacy_headers(None))
+                assert r.status_code == 200, r.text
+                session = r.headers["mcp-session-id"]
+                done = await client.post(cluster.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                                         headers=http.legacy_headers(session))
+                assert done.status_code == 202, done.text
+            return r.headers["x-toolcell-replica"], session
+
+        async def call(session: str, label: str) -> httpx2.Response:
+            message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                       "params": {"name": "slow_compute", "arguments": {"seconds": 0, "label": label}}}
+            with trio.fail_after(WAIT_S):
+                return await client.post(cluster.url, json=message, headers=http.legacy_headers(session))
+
+        held = None
+        while held is None:
+            replica, session = await new_session()
+            if replica == "replica2":
+                held = session
+        assert (await call(held, "before")).headers["x-toolcell-replica"] == "replica2"
+
+        sigterm(drained)
+        status, health = await until(lambda: cluster.healthz(client, drained), lambda h: h[0] == 404)
+        assert health["status"] == "draining", health
+        # HAProxy stops sending it new clients: six in a row (two rounds of three) land elsewhere...
+        streak = 0
+
+        async def landed_elsewhere() -> int:
+            nonlocal streak
+            replica, _ = await new_session()
+            streak = streak + 1 if replica != "replica2" else 0
+            return streak
+
+        await until(landed_elsewhere, lambda n: n >= 6, within=6)
+        # ... while its session still reaches it, and is served there.
+        for i in range(3):
+            r = await call(held, f"draining{i}")
+            assert r.status_code == 200 and r.headers["x-toolcell-replica"] == "replica2", (r.status_code, r.text)
+            assert text_of(r.json()["result"]) == f"computed draining{i} after 0.0 s"
+        # Once it stopped, the session is gone (404 from another replica, as the spec has it).
+        with trio.fail_after(WAIT_S):
+            await drained.proc.wait()
+        r = await call(held, "after")
+        assert r.status_code == 404 and r.headers["x-toolcell-replica"] != "replica2", (r.status_code, r.text)

@@ -5,6 +5,8 @@ stick to the replica that opened them; replicas share only what the operator giv
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +14,9 @@ from typing import Any
 
 import httpx2
 import trio
-from replica_cluster import Cluster, open_cluster, sighup
-from task_e2e import sleeper_plugin, LEGACY, SUB_ID, TOKENS, WAIT_S, Http, SseStream, error_code, text_of, until
+from replica_cluster import Cluster, config_of, open_cluster, sighup
+from task_e2e import (REPO, sleeper_plugin, LEGACY, SUB_ID, TOKENS, WAIT_S, Http, SseStream, error_code, read_text,
+                      text_of, until)
 
 ELICIT = {"elicitation": {"form": {}}}
 TERMINAL = {"completed", "failed", "cancelled"}
@@ -234,3 +237,106 @@ async def test_legacy_sessions_stick_to_their_replica_and_hear_its_requests_and_
         # An unknown session is still refused (404), as the spec has it: the balancer does not mask it.
         r = await legacy_post(client, cluster.url, "no-such-session", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
         assert r.status_code == 404 and error_code(r.json()) is not None
+
+
+GATED_V1 = """
+from sandbox import tool
+
+@tool
+def ping() -> str:
+    return "pong v1"
+"""
+
+GATED_V2 = """
+from sandbox import tool
+
+@tool
+def ping() -> str:
+    return "pong v2"
+
+@tool
+def shout(text: str) -> str:
+    return text.upper()
+"""
+
+
+async def toolcell_approve(cluster: Cluster, replica: str, name: str, plugins: Path) -> str:
+    """``toolcell approve NAME --yes`` run once, on one replica's box, with that replica's config."""
+    done = await trio.run_process(
+        [sys.executable, "-m", "runtime.cli", "approve", name, "--yes", "--config", str(config_of(cluster, replica)),
+         "--plugins", str(plugins)], cwd=str(REPO), capture_stdout=True, capture_stderr=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode()
+
+
+async def test_one_approval_reaches_every_replica_and_a_widening_edit_is_held_on_every_replica_until_then(
+        tmp_path: Path, make_plugin: Callable[..., Path]) -> None:
+    plugins = make_plugin("gated", GATED_V1, prefix="gated_", limits={"timeout_s": 5})
+    folder = plugins / "gated"
+    async with open_cluster(tmp_path / "cluster", plugins, shared_approvals=True) as cluster, \
+            httpx2.AsyncClient(timeout=WAIT_S) as client:
+        direct = {cluster.name_of(d): Http(client, d.url, TOKENS["alice"]) for d in cluster.replicas}
+
+        async def listings() -> dict[str, list[str]]:
+            found = {}
+            for name, http in direct.items():
+                status, reply = await http.modern("tools/list", {}, ext=False)
+                assert status == 200, reply
+                found[name] = sorted(t["name"] for t in reply["result"]["tools"] if t["name"].startswith("gated_"))
+            return found
+
+        async def through_balancer(tool: str, arguments: dict[str, Any]) -> set[tuple[str, str]]:
+            answers = set()
+            for _ in range(6):  # round-robin: every replica answers twice
+                replica, status, reply, _ = await modern_post(client, cluster, "tools/call", {
+                    "name": tool, "arguments": arguments}, ext=False)
+                assert status == 200 and "result" in reply, reply
+                answers.add((replica, text_of(reply["result"])))
+            return answers
+
+        # Approved once, on replica1's box: the record is in Redis, signed with the operator's key.
+        out = await toolcell_approve(cluster, "replica1", "gated", plugins)
+        assert "every daemon reading it picks it up" in out, out
+        assert await listings() == {name: ["gated_ping"] for name in direct}
+
+        # A widening edit (a higher limit) that also adds a tool: every replica holds it and keeps
+        # serving the approved version.
+        (folder / "gated.py").write_text(GATED_V2)
+        manifest = (folder / "plugin.toml").read_text()
+        (folder / "plugin.toml").write_text(manifest.replace("timeout_s = 5", "timeout_s = 50"))
+        streams = {name: SseStream() for name in direct}
+        async with trio.open_nursery() as nursery:
+            for name, http in direct.items():
+                headers, body = http.modern_request("subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+                await nursery.start(lambda task_status, h=headers, b=body, s=streams[name], u=http.url: s.run(
+                    client, "POST", u, headers=h, content=b, task_status=task_status))
+            for daemon in cluster.replicas:
+                sighup(daemon)  # what each replica's watcher does in production (the harness runs --no-watch)
+
+            async def held_on_every_replica() -> list[bool]:
+                return ["needs approval: asks for more than was approved (limits.timeout_s: 5 -> 50)"
+                        in read_text(d.log) for d in cluster.replicas]
+
+            await until(held_on_every_replica, all, within=WAIT_S)
+            assert await listings() == {name: ["gated_ping"] for name in direct}
+            assert await through_balancer("gated_ping", {}) == {(n, "pong v1") for n in direct}
+
+            # Approved once more, from another box: every replica loads it and says list_changed.
+            await toolcell_approve(cluster, "replica3", "gated", plugins)
+            for name in direct:
+                await streams[name].wait_for(lambda m: m.get("method") == "notifications/tools/list_changed")
+            nursery.cancel_scope.cancel()
+        for name in direct:  # exactly one each: the first approval changed no catalog
+            assert sum(m.get("method") == "notifications/tools/list_changed" for m in streams[name].messages) == 1
+        assert await listings() == {name: ["gated_ping", "gated_shout"] for name in direct}
+        raw = set()
+        for http in direct.values():
+            headers, body = http.modern_request("tools/list", {}, ext=False)
+            r = await client.post(http.url, content=body, headers=headers)
+            raw.add(r.content.replace(b'"id":' + str(json.loads(r.content)["id"]).encode(), b""))
+        assert len(raw) == 1  # byte-identical on every replica
+        assert await through_balancer("gated_shout", {"text": "hi"}) == {(n, "HI") for n in direct}
+        assert await through_balancer("gated_ping", {}) == {(n, "pong v2") for n in direct}
+        # Nothing of it was kept in a replica's state dir.
+        assert not [d for d in direct if (cluster.folder / d / "state" / "approvals.json").exists()]

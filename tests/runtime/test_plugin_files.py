@@ -151,3 +151,63 @@ def test_a_fingerprint_never_opens_a_fifo_or_follows_a_link(tmp_path: Path, secr
     first = fingerprint(folder)  # returns (a FIFO opened for reading would block here)
     secret.write_text("changed\n")
     assert fingerprint(folder) == first  # what a link points at is not part of the folder
+
+
+# -- copy_folder (``toolcell add FOLDER``; the CLI's attack cases are in tests/hosted/test_import_and_approve.py) --
+
+
+def test_a_copy_refuses_a_huge_sparse_file_before_copying_a_byte(tmp_path: Path) -> None:
+    folder = tmp_path / "plugin"
+    folder.mkdir()
+    (folder / "plugin.toml").write_text('name = "p"\n')
+    with open(folder / "huge.bin", "wb") as f:
+        f.truncate(1 << 40)  # a terabyte that takes no disk: its apparent size is what counts
+    with pytest.raises(PluginFileError, match=r"larger than .* bytes \(at huge.bin\)"):
+        plugin_files.copy_folder(str(folder), str(tmp_path / "copy"))
+    assert not (tmp_path / "copy").exists()
+
+
+def test_a_copy_refuses_too_many_entries_and_too_deep_a_nesting(tmp_path: Path) -> None:
+    folder = tmp_path / "plugin"
+    folder.mkdir()
+    for i in range(5):
+        (folder / f"f{i}").write_text("x")
+    with pytest.raises(PluginFileError, match="more than 4 files and folders"):
+        plugin_files.copy_folder(str(folder), str(tmp_path / "copy"), max_entries=4)
+    deep = tmp_path / "deep"
+    (deep / "/".join(["d"] * (plugin_files.MAX_COPY_DEPTH + 1))).mkdir(parents=True)
+    with pytest.raises(PluginFileError, match="nested more than"):
+        plugin_files.copy_folder(str(deep), str(tmp_path / "copy2"))
+
+
+def test_a_file_that_reads_longer_than_its_size_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file that grows between the check and the copy (or a /proc-like file whose size says 0)."""
+    folder = tmp_path / "plugin"
+    folder.mkdir()
+    (folder / "grows.txt").write_text("abc")
+    real_plan = plugin_files._plan
+
+    def plan_then_grow(*args: object) -> list[object]:
+        planned = real_plan(*args)  # type: ignore[arg-type]
+        (folder / "grows.txt").write_text("abcdef")
+        return planned  # type: ignore[return-value]
+
+    monkeypatch.setattr(plugin_files, "_plan", plan_then_grow)
+    with pytest.raises(PluginFileError, match="grows.txt grew while being copied"):
+        plugin_files.copy_folder(str(folder), str(tmp_path / "copy"))
+
+
+def test_an_entry_module_that_is_a_link_is_refused_not_probed_through(tmp_path: Path, secret: Path) -> None:
+    """The entry check used ``is_file()``, which follows a link: a plugin could learn through the
+    daemon's refusal (or its absence) whether a file outside its folder exists."""
+    from runtime.manifest import ManifestError, load_manifest
+
+    folder = tmp_path / "plugin"
+    folder.mkdir()
+    (folder / "plugin.toml").write_text('name = "p"\nversion = "1"\nentry = "tool"\n')
+    (folder / "tool.py").symlink_to(secret)
+    with pytest.raises(ManifestError, match="tool.py is a symbolic link"):
+        load_manifest(folder)
+    (folder / "tool.py").unlink()
+    (folder / "tool").mkdir()
+    assert load_manifest(folder).entry == "tool"
