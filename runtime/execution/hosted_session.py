@@ -81,7 +81,7 @@ _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 
-class Runner(Protocol):
+class InstanceOwner(Protocol):
     """What an instance needs of the runner that owns it (``runtime.execution.hosted.HostedRunner``)."""
 
     spec: PoolSpec
@@ -154,7 +154,7 @@ def _text(text: str, limit: int = 2000) -> str:
 class Instance:
     """One server process and the MCP session with it."""
 
-    def __init__(self, runner: Runner, group: Any) -> None:
+    def __init__(self, runner: InstanceOwner, group: Any) -> None:
         self.runner = runner
         self.group = group
         #: The sandboxed process (its supervisor's pid; the server inside has ``server_pid``).
