@@ -396,6 +396,17 @@ async def test_the_placeholder_sent_to_another_host_or_over_plain_http_stays_a_p
     assert VALUE not in json.dumps(seen + p_seen)
 
 
+def test_leaf_certificates_are_kept_for_a_bounded_number_of_hosts(tmp_path: Path) -> None:
+    """A secret bound to ``*.example.com`` lets a plugin CONNECT to any number of subdomains: each
+    made a leaf and a TLS context, kept for the daemon's life."""
+    ca = EgressCA(str(tmp_path))
+    bound = getattr(EgressCA, "LEAVES_MAX", 256)
+    for i in range(bound + 20):
+        ca.server_context(f"h{i}.example.com")
+    assert len(ca._leaves) == bound
+    assert ca.server_context("h0.example.com") is not None  # an evicted host just gets a new leaf
+
+
 async def test_a_bound_host_whose_certificate_fails_gets_nothing_and_the_plugin_a_502(
         nursery: trio.Nursery, tmp_path: Path, upstream_ca: trustme.CA) -> None:
     # No operator CA file: the host's certificate (from a CA the system does not know) is refused.
