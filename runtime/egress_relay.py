@@ -23,6 +23,7 @@ How this works (``runtime.egress`` calls ``relay`` once both TLS handshakes are 
 from __future__ import annotations
 
 import urllib.parse
+import zlib
 from typing import Protocol
 
 import h11
@@ -140,14 +141,60 @@ def _names_host(request: h11.Request, host: str) -> bool:
     return named is not None and named.removesuffix(".") == host
 
 
+class _Decoder:
+    """A response body's ``Content-Encoding`` undone as it streams (gzip or deflate), so that the
+    masker sees the bytes the plugin would: a host that compresses although asked for ``identity``
+    must not hand an echoed credential past the mask. Output is capped (a decompression bomb ends
+    the exchange like any other byte cap)."""
+
+    def __init__(self, encoding: bytes, cap: int) -> None:
+        # gzip and zlib headers are told apart by zlib itself (32 + 15); bare deflate is retried raw.
+        self.raw = False
+        self.encoding = encoding
+        self.z = zlib.decompressobj(32 + 15)
+        self.left = cap
+
+    def feed(self, data: bytes) -> bytes:
+        out = bytearray()
+        while data:
+            try:
+                chunk = self.z.decompress(data, 65536)
+            except zlib.error:
+                if self.raw or self.encoding != b"deflate" or out:
+                    raise
+                self.raw, self.z = True, zlib.decompressobj(-15)
+                continue
+            out += chunk
+            self.left -= len(chunk)
+            if self.left < 0:
+                raise zlib.error("the decoded body is larger than the relay's byte cap")
+            data = self.z.unconsumed_tail
+            if not chunk and not data:
+                break
+        return bytes(out)
+
+
+#: Encodings the relay can undo (and so mask); anything else from a bound host is refused.
+_DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate"})
+
+
+def _content_encoding(response: h11.Response) -> bytes | None:
+    """The response's ``Content-Encoding`` (lower case, ``identity`` as None); several codings joined."""
+    codings = [c.strip().lower() for n, v in response.headers if bytes(n) == b"content-encoding"
+               for c in bytes(v).split(b",") if c.strip()]
+    codings = [c for c in codings if c != b"identity"]
+    return b",".join(codings) if codings else None
+
+
 def response_headers(response: h11.Response | h11.InformationalResponse, bindings: tuple[Binding, ...],
                      method: bytes) -> list[tuple[bytes, bytes]]:
     headers = [(bytes(n), mask(bytes(v), bindings)) for n, v in response.headers]
     if isinstance(response, h11.InformationalResponse) or method == b"HEAD" or \
             response.status_code in _NO_BODY_STATUS:
         return headers
-    # A masked body may change length: sent on chunked (h11 falls back to close for an HTTP/1.0 peer).
-    headers = [(n, v) for n, v in headers if n not in (b"content-length", b"transfer-encoding")]
+    # A masked body may change length: sent on chunked (h11 falls back to close for an HTTP/1.0 peer);
+    # a compressed one is sent decoded (``_Decoder``).
+    headers = [(n, v) for n, v in headers if n not in (b"content-length", b"transfer-encoding", b"content-encoding")]
     return headers + [(b"transfer-encoding", b"chunked")]
 
 
@@ -214,6 +261,7 @@ async def _one_exchange(down: _Side, up: _Side, bindings: tuple[Binding, ...], t
         else:
             return False
     masker = Masker(bindings)
+    decoder: _Decoder | None = None
     try:
         while True:
             event = await up.next_event()
@@ -222,10 +270,26 @@ async def _one_exchange(down: _Side, up: _Side, bindings: tuple[Binding, ...], t
                     await down.send(h11.InformationalResponse(status_code=event.status_code, headers=response_headers(
                         event, bindings, request.method), reason=event.reason))
             elif isinstance(event, h11.Response):
+                encoding = _content_encoding(event)
+                has_body = request.method != b"HEAD" and event.status_code not in _NO_BODY_STATUS
+                if encoding is not None and has_body:
+                    if encoding not in _DECODABLE:
+                        tally.outcome, tally.reason = "refused", (
+                            f"the host answered with Content-Encoding {encoding.decode('latin-1')[:40]}, which the "
+                            "relay cannot check for the secret (it asked for identity)")
+                        await _refuse(down, 502, tally.reason)
+                        return False
+                    decoder = _Decoder(encoding, up.max_bytes)
                 await down.send(h11.Response(status_code=event.status_code, reason=event.reason,
                                              headers=response_headers(event, bindings, request.method)))
             elif isinstance(event, h11.Data):
-                chunk = masker.feed(bytes(event.data))
+                data = bytes(event.data)
+                try:
+                    data = decoder.feed(data) if decoder is not None else data
+                except zlib.error as exc:
+                    tally.outcome, tally.reason = "unreachable", f"the host's compressed answer does not decode: {exc}"
+                    return False  # the response has begun: the connection ends mid-body
+                chunk = masker.feed(data)
                 if chunk:
                     await down.send(h11.Data(data=chunk))
             elif isinstance(event, h11.EndOfMessage):
