@@ -111,7 +111,9 @@ class RedisBook:
         if not isinstance(signed, dict) or set(signed) != {"record", "mac"} or not isinstance(signed["mac"], str) \
                 or not isinstance(signed["record"], dict):
             raise ApprovalsError("not a signed approval record")
-        if not hmac.compare_digest(signed["mac"], signature(mac_key, folder, signed["record"])):
+        # Compared as bytes: ``compare_digest`` raises TypeError for text that is not ASCII.
+        if not hmac.compare_digest(signed["mac"].encode("utf-8", "surrogatepass"),
+                                   signature(mac_key, folder, signed["record"]).encode()):
             raise ApprovalsError("its signature does not match approvals.key_file (written with another key, "
                                  "changed, or copied from another folder)")
         return checked_record(signed["record"])
