@@ -120,7 +120,7 @@ class RedisBook:
             return Snapshot(problem=f"the approvals in {self.where} hold {what}: not read")
         records: dict[str, Any] = {}
         untrusted: dict[str, str] = {}
-        for name, value in zip(found[::2], found[1::2]):
+        for name, value in zip(found[::2], found[1::2], strict=True):
             folder = name.decode("utf-8", "surrogateescape")
             try:
                 records[folder] = self._checked(mac_key, folder, value)
