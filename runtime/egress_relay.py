@@ -12,11 +12,17 @@ How this works (``runtime.egress`` calls ``relay`` once both TLS handshakes are 
   to the plugin. A masked body changes length, so a response with a body is sent on chunked.
 * ``Expect: 100-continue`` is answered here; an ``Upgrade`` (WebSocket) is refused with 501: only
   HTTP/1.1 requests are relayed to a bound host.
+* A request must name the host the tunnel was opened to (its ``Host``, and the authority of an
+  absolute-form target), else 421: behind a shared front (a CDN routing by ``Host``) the bound
+  host's connection could otherwise carry the value to another site (domain fronting).
+* ``Content-Length`` beside ``Transfer-Encoding`` is removed (RFC 9112 6.3), so that a host reading
+  the length cannot take the rest of a body as a request smuggled ahead of the next one.
 * The same idle timeout and byte caps as a tunnel. Whatever goes wrong ends this connection only.
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Protocol
 
 import h11
@@ -109,14 +115,29 @@ def rewrite_request(request: h11.Request, bindings: tuple[Binding, ...]
     target, names = substitute(bytes(request.target), bindings)
     used.update(names)
     headers = []
+    chunked = any(name == b"transfer-encoding" for name, _ in request.headers)
     for name, value in request.headers:
-        if name in (b"accept-encoding", b"expect"):
+        if name in (b"accept-encoding", b"expect") or (chunked and name == b"content-length"):
             continue
         value, names = substitute(bytes(value), bindings)
         used.update(names)
         headers.append((bytes(name), value))
     headers.append((b"accept-encoding", b"identity"))
     return target, headers, used
+
+
+def _names_host(request: h11.Request, host: str) -> bool:
+    """Whether ``request``'s ``Host`` (and an absolute-form target's authority) name ``host``."""
+    target = bytes(request.target)
+    if not target.startswith(b"/") and target != b"*":
+        if urllib.parse.urlsplit(target.decode("latin-1")).hostname != host:
+            return False
+    value = next((bytes(v) for n, v in request.headers if n == b"host"), b"")
+    try:
+        named = urllib.parse.urlsplit("//" + value.decode("ascii")).hostname
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return named is not None and named.removesuffix(".") == host
 
 
 def response_headers(response: h11.Response | h11.InformationalResponse, bindings: tuple[Binding, ...],
@@ -131,13 +152,14 @@ def response_headers(response: h11.Response | h11.InformationalResponse, binding
 
 
 async def relay(client: trio.abc.Stream, upstream: trio.abc.Stream, bindings: tuple[Binding, ...], tally: Tally,
-                *, idle_s: float, max_bytes: int) -> None:
-    """Relay requests from ``client`` to ``upstream`` until either side ends (see the module doc)."""
+                *, host: str, idle_s: float, max_bytes: int) -> None:
+    """Relay requests from ``client`` to ``upstream`` (the real ``host``, normalized) until either side
+    ends (see the module doc)."""
     down = _Side(h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES), client, tally, False, idle_s,
                  max_bytes)
     up = _Side(h11.Connection(h11.CLIENT), upstream, tally, True, idle_s, max_bytes)
     try:
-        while await _one_exchange(down, up, bindings, tally):
+        while await _one_exchange(down, up, bindings, tally, host):
             try:
                 down.conn.start_next_cycle()
                 up.conn.start_next_cycle()
@@ -164,13 +186,18 @@ async def _refuse(down: _Side, status: int, text: str) -> None:
         pass
 
 
-async def _one_exchange(down: _Side, up: _Side, bindings: tuple[Binding, ...], tally: Tally) -> bool:
+async def _one_exchange(down: _Side, up: _Side, bindings: tuple[Binding, ...], tally: Tally, host: str) -> bool:
     """One request and its response; whether the connection may carry another."""
     request = await down.next_event()
     if not isinstance(request, h11.Request):
         return False
     if any(name == b"upgrade" for name, _ in request.headers):
         await _refuse(down, 501, "protocol upgrades are not relayed to a host a secret is bound to")
+        return False
+    if not _names_host(request, host):
+        tally.outcome, tally.reason = "refused", f"a request inside the tunnel to {host} named another host"
+        await _refuse(down, 421, f"this connection carries requests for {host} only: its Host header (and an "
+                                 "absolute-form target) must name it")
         return False
     target, headers, used = rewrite_request(request, bindings)
     tally.secrets |= used

@@ -177,6 +177,14 @@ _name_only = msgspec.json.Decoder(_NameOnly)
 
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+#: W3C ``tracestate``: printable ASCII (and the tabs/spaces around members), at most 512 characters.
+_TRACESTATE = re.compile(r"[\x20-\x7e\t]{0,512}")
+
+
+def valid_tracestate(value: Any) -> bool:
+    """A W3C ``tracestate`` made of the characters it may hold (a client's control characters never
+    travel on to the tracer, the worker or a log line)."""
+    return isinstance(value, str) and _TRACESTATE.fullmatch(value) is not None
 
 
 def valid_traceparent(value: Any) -> bool:
@@ -581,7 +589,7 @@ class Core:
                 # A malformed one is ignored, as W3C trace context says (never an error for the call).
                 traceparent = traceparent if valid_traceparent(traceparent) else None
                 tracestate = meta.get("tracestate") if traceparent is not None else None
-                if not isinstance(tracestate, str) or len(tracestate) > 512:
+                if not valid_tracestate(tracestate):
                     tracestate = None
         responses = state_text = None
         if modern:

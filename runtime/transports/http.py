@@ -51,6 +51,7 @@ from runtime.protocol.core import (
     ToolCall,
     requested_tool,
     valid_traceparent,
+    valid_tracestate,
 )
 from runtime.protocol.errors import (
     HeaderMismatch,
@@ -110,8 +111,9 @@ def _trace_origin(headers: RequestHeaders, session_id: str | None) -> TraceOrigi
     text = parent.decode("latin-1").strip() if parent is not None else None
     if text is not None and not valid_traceparent(text):
         text = None
-    state = headers.get(b"tracestate") if text is not None else None
-    return TraceOrigin(text, state.decode("latin-1")[:512] if state is not None else None, session_id, "tcp")
+    raw = headers.get(b"tracestate") if text is not None else None
+    state = raw.decode("latin-1") if raw is not None else None
+    return TraceOrigin(text, state if valid_tracestate(state) else None, session_id, "tcp")
 
 
 def _header_title(name: bytes) -> str:

@@ -616,6 +616,22 @@ def test_a_valid_call_becomes_a_tool_call_action_with_everything_the_runner_need
     assert action.progress_token == "tok" and action.version == "2025-06-18" and not action.modern
 
 
+@pytest.mark.parametrize(("tracestate", "kept"), [
+    ("vendor=abc,other=x y", True),
+    ('a=b,\n{"level":"error","event":"forged"}', False),  # would reach a log line verbatim
+    ("a=\x1b[2Jb", False),
+    ("a=\u00e9", False),
+    ("a=" + "b" * 600, False),
+])
+def test_meta_tracestate_is_kept_only_when_it_is_printable_ascii(tracestate: str, kept: bool) -> None:
+    core = core_for()
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    action = core.receive(initialized(core, "2025-06-18"), msg("tools/call", {
+        "name": "plain", "_meta": {"traceparent": parent, "tracestate": tracestate}}))
+    assert isinstance(action, ToolCall) and action.traceparent == parent
+    assert action.tracestate == (tracestate if kept else None)
+
+
 def test_missing_arguments_mean_an_empty_object() -> None:
     core = core_for()
     action = core.receive(initialized(core, "2025-06-18"), msg("tools/call", {"name": "plain"}))

@@ -330,6 +330,47 @@ async def test_the_proxy_puts_the_value_into_requests_to_the_bound_host_only_and
     assert json.loads(answers[0])["headers"]["authorization"] == f"Bearer {ph}"
 
 
+@pytest.mark.parametrize("request_head", [
+    # Domain fronting: the TLS connection is the bound host's, the request names another site behind
+    # the same front (a CDN routes by Host, or by an absolute-form target, which overrides Host).
+    "GET /x HTTP/1.1\r\nHost: evil.example\r\nAuthorization: Bearer {ph}\r\n\r\n",
+    "GET https://evil.example/x HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ph}\r\n\r\n",
+])
+async def test_a_request_inside_the_bound_hosts_tunnel_naming_another_host_gets_no_value(
+        nursery: trio.Nursery, tmp_path: Path, upstream_ca: trustme.CA, request_head: str) -> None:
+    ca_file = tmp_path / "upstream-ca.pem"
+    upstream_ca.cert_pem.write_to_path(str(ca_file))
+    store = SecretStore({"TOKEN": SecretSource(env="V")}, str(tmp_path), str(ca_file), environ={"V": VALUE})
+    bound = store.for_plugin("test", {"TOKEN": SecretSpec("127.0.0.1")})
+    ph = bound.worker_env()["TOKEN"]
+    async with echo_server(nursery, upstream_ca) as (port, seen):
+        async with proxy(nursery, Grant.parse([f"127.0.0.1:{port}"]), bound) as pport:
+            fine = f"GET /ok HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {ph}\r\n\r\n".encode()
+            fronted = request_head.format(ph=ph).encode()
+            _, answers = await https_via(pport, f"127.0.0.1:{port}", worker_context(bound), "127.0.0.1",
+                                         [fine, fronted])
+    assert [r["target"] for r in seen] == ["/ok"] and seen[0]["headers"]["authorization"] == f"Bearer {VALUE}"
+    assert b"127.0.0.1" in answers[1] and VALUE.encode() not in answers[1]
+
+
+async def test_a_request_with_both_content_length_and_chunked_is_not_relayed_with_both(
+        nursery: trio.Nursery, tmp_path: Path, upstream_ca: trustme.CA) -> None:
+    """RFC 9112 6.3: an intermediary removes Content-Length when Transfer-Encoding is there; relayed
+    with both, a host (or its front) that reads Content-Length takes the rest of the body as the
+    next request: smuggled ahead of the plugin's next request, which carries the value."""
+    ca_file = tmp_path / "upstream-ca.pem"
+    upstream_ca.cert_pem.write_to_path(str(ca_file))
+    store = SecretStore({"TOKEN": SecretSource(env="V")}, str(tmp_path), str(ca_file), environ={"V": VALUE})
+    bound = store.for_plugin("test", {"TOKEN": SecretSpec("127.0.0.1")})
+    async with echo_server(nursery, upstream_ca) as (port, seen):
+        async with proxy(nursery, Grant.parse([f"127.0.0.1:{port}"]), bound) as pport:
+            req = (b"POST /p HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   b"5\r\nhello\r\n0\r\n\r\n")
+            await https_via(pport, f"127.0.0.1:{port}", worker_context(bound), "127.0.0.1", [req])
+    assert seen[0]["body"] == "hello"
+    assert "content-length" not in seen[0]["headers"], seen[0]["headers"]
+
+
 async def test_the_placeholder_sent_to_another_host_or_over_plain_http_stays_a_placeholder(
         nursery: trio.Nursery, tmp_path: Path, upstream_ca: trustme.CA) -> None:
     store = SecretStore({"TOKEN": SecretSource(env="V")}, str(tmp_path), environ={"V": VALUE})
@@ -353,6 +394,17 @@ async def test_the_placeholder_sent_to_another_host_or_over_plain_http_stays_a_p
     assert seen == [{"target": f"/{ph}", "headers": {"host": "x", "authorization": f"Bearer {ph}"}, "body": ""}]
     assert p_seen[0]["target"] == f"/{ph}" and p_seen[0]["headers"]["authorization"] == f"Bearer {ph}"
     assert VALUE not in json.dumps(seen + p_seen)
+
+
+def test_leaf_certificates_are_kept_for_a_bounded_number_of_hosts(tmp_path: Path) -> None:
+    """A secret bound to ``*.example.com`` lets a plugin CONNECT to any number of subdomains: each
+    made a leaf and a TLS context, kept for the daemon's life."""
+    ca = EgressCA(str(tmp_path))
+    bound = getattr(EgressCA, "LEAVES_MAX", 256)
+    for i in range(bound + 20):
+        ca.server_context(f"h{i}.example.com")
+    assert len(ca._leaves) == bound
+    assert ca.server_context("h0.example.com") is not None  # an evicted host just gets a new leaf
 
 
 async def test_a_bound_host_whose_certificate_fails_gets_nothing_and_the_plugin_a_502(
