@@ -206,12 +206,17 @@ async def test_a_listen_on_task_ids_that_do_not_exist_is_not_polled_again(open_s
             reads.append(task_id)
             return await store.inspect(task_id)
 
-    real = record(created_at_ms=wall_clock_ms(), owner="another-host:1:aa", ttl_ms=600_000)
+    real = record(created_at_ms=wall_clock_ms() - 10_000, owner="another-host:1:aa", ttl_ms=600_000)
+
+    class Sink:
+        def emit(self, data: bytes) -> None:
+            pass
+
     await store.create(real, 10)
     async with trio.open_nursery() as nursery:
         tasks = TaskManager(None, None, Counting(), TasksConfig(), nursery)  # type: ignore[arg-type]
         made_up = tuple(f"t-{i:09d}" for i in range(50))
-        tasks.subscribe("alice", (*made_up, real.task_id), lambda _: None, b'"s"')  # type: ignore[arg-type]
+        tasks.subscribe("alice", (*made_up, real.task_id), Sink(), b'"s"')  # type: ignore[arg-type]
         await tasks._watch_remote()
         assert len(reads) == 51
         reads.clear()
