@@ -229,7 +229,7 @@ class HttpApp:
         if path != self.path:
             if method in ("GET", "HEAD"):
                 if path == "/healthz":
-                    return self._healthz(r)
+                    return self._healthz(r, headers.get(b"authorization"))
                 if path == "/readyz":
                     return self._readyz(r)
                 if path == "/livez":
@@ -350,22 +350,30 @@ class HttpApp:
         await r.body(200 if ready else 503, b'{"ready":true}' if ready else b'{"ready":false}',
                      headers=[(b"cache-control", b"no-store")])
 
-    async def _healthz(self, r: Responder) -> None:
+    async def _healthz(self, r: Responder, authorization: bytes | None = None) -> None:
         """Readiness: 200 only while this daemon wants requests. On SIGTERM it says "draining" for
         ``http.drain_s`` while it still serves, so a balancer stops sending before the listener closes;
         then "stopping" (503). Draining answers 404, which HAProxy's ``http-check disable-on-404`` reads as
         "no new clients, but keep sending the sticky ones" (legacy sessions finish on this replica);
-        any other balancer reads it as down, like a 503. ``catalog`` is the fingerprint of the tools it
-        serves and ``catalog_differs`` the daemons sharing its task store that serve another catalog."""
+        any other balancer reads it as down, like a 503.
+
+        Anyone who reaches the port gets ``{"status": ...}``, all a balancer or a probe reads. The
+        details are for a request with a token the daemon accepts (or a daemon without tokens):
+        ``catalog`` (the fingerprint of the tools it serves: which plugin set), ``catalog_differs``
+        (the daemons sharing its task store that serve another catalog, as ``host:pid:nonce``), counts
+        of tools, plugins, refused plugins, sessions and calls in flight."""
         daemon = self.daemon
         ready = self.ready
         status = "ready" if ready else ("stopping" if self.shutting_down else
                                         "draining" if daemon.draining else "starting")
         tasks = daemon.tasks
-        body = rpc.encode({"status": status, "tools": len(daemon.catalog), "plugins": len(daemon.plugins),
-                           "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight,
-                           "catalog": daemon.catalog.fingerprint,
-                           "catalog_differs": tasks.catalogs_differing() if tasks is not None else []})
+        if self.auth.authenticate(authorization) is None:
+            body = rpc.encode({"status": status})
+        else:
+            body = rpc.encode({"status": status, "tools": len(daemon.catalog), "plugins": len(daemon.plugins),
+                               "refused": len(daemon.failed), "sessions": len(self.sessions),
+                               "inflight": daemon.inflight, "catalog": daemon.catalog.fingerprint,
+                               "catalog_differs": tasks.catalogs_differing() if tasks is not None else []})
         await r.body(200 if ready else 404 if status == "draining" else 503, body,
                      headers=[(b"cache-control", b"no-store")])
 

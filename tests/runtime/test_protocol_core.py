@@ -6,6 +6,7 @@ No processes, no trio: bytes in, actions out.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from protocol_fakes import (
@@ -427,6 +428,22 @@ def test_subscriptions_listen_is_acknowledged_with_the_listen_id_verbatim() -> N
     assert ack["params"]["notifications"] == {"toolsListChanged": True}
     end = json.loads(core.subscription_end(action))
     assert end["id"] == "sub-1" and end["result"]["resultType"] == "complete"
+
+
+def test_a_listen_names_a_bounded_number_of_task_ids() -> None:
+    """Each task id another daemon runs is read from the store ten times a second while the listen
+    lasts: a listen of thousands of ids would keep the daemon polling its store in a hot loop."""
+    core = core_for()
+    meta = modern_meta(**{"io.modelcontextprotocol/clientCapabilities": {
+        "extensions": {"io.modelcontextprotocol/tasks": {}}}})
+
+    def listen(count: int) -> Any:
+        return core.receive(ConnState(), msg("subscriptions/listen", {"_meta": meta, "notifications": {
+            "taskIds": [f"t-{i:09d}" for i in range(count)]}}, id="sub-1"))
+
+    assert isinstance(listen(256), Listen)
+    err = error_of(listen(5000))
+    assert err["code"] == -32602 and "at most 256 task ids" in err["message"]
 
 
 # -- JSON-RPC rules ----------------------------------------------------------------------------------
