@@ -327,6 +327,11 @@ class HttpApp:
         self._audit_refused(env, principal, "insufficient_scope")
         return self._unauthorized(r, refused)
 
+    def winding_down(self) -> bool:
+        """Draining (SIGTERM with ``http.drain_s``): the server closes each connection after its
+        response, so a balancer keeps none to this replica (``H1Server.winding_down``)."""
+        return self.daemon.draining
+
     def _origin_ok(self, origin: str) -> bool:
         o = origin.strip().lower().rstrip("/")
         if self.any_origin or o in self.origins:
