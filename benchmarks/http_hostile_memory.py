@@ -212,7 +212,9 @@ def _rss_kb(pid: int) -> int:
 
 def _health(port: int) -> dict[str, Any]:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+        # The details (sessions, calls in flight) are for a token holder.
+        s.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {BENCH_TOKEN}\r\n"
+                  "Connection: close\r\n\r\n".encode())
         data = b""
         while chunk := s.recv(65536):
             data += chunk

@@ -37,6 +37,29 @@ if TYPE_CHECKING:
 
 #: A record larger than this is not read (a real one is a few kB).
 MAX_RECORD_BYTES = 1 << 20
+#: A book with more records, or more bytes in all, than this is not read at all (every plugin held):
+#: whoever can write to Redis must not make each replica read gigabytes at every change.
+MAX_RECORDS = 10_000
+MAX_BOOK_BYTES = 64 << 20
+#: The version is a counter; only this many bytes of it are read (and logged).
+MAX_VERSION_BYTES = 64
+#: Reads the book within those bounds, on the server: an oversized record comes back as its size,
+#: a book over the bounds as ``[-1, records]`` or ``[-2, bytes]``.
+# KEYS: the hash. ARGV: max records, max record bytes, max book bytes.
+_READ_BOUNDED = """
+local fields = redis.call('HKEYS', KEYS[1])
+if #fields > tonumber(ARGV[1]) then return {-1, #fields} end
+local total, out = 0, {}
+for _, f in ipairs(fields) do
+  local n = redis.call('HSTRLEN', KEYS[1], f)
+  total = total + #f + math.min(n, 64)
+  if n <= tonumber(ARGV[2]) then total = total + n end
+  if total > tonumber(ARGV[3]) then return {-2, total} end
+  out[#out + 1] = f
+  if n > tonumber(ARGV[2]) then out[#out + 1] = n else out[#out + 1] = redis.call('HGET', KEYS[1], f) end
+end
+return out
+"""
 KEY_BYTES = 32
 #: How long one Redis command may take before the book counts as unreachable.
 TIMEOUT_S = 5.0
@@ -72,6 +95,7 @@ class RedisBook:
         self._errors = (redis.exceptions.RedisError, OSError)
         self._client: redis.Redis = redis.Redis.from_url(url, socket_timeout=TIMEOUT_S,
                                                          socket_connect_timeout=TIMEOUT_S)
+        self._read_bounded = self._client.register_script(_READ_BOUNDED)
 
     def _keys(self) -> tuple[bytes, bytes]:
         """(the key that signs records, the key of fixed environment values). Raises ``ApprovalsError``."""
@@ -87,12 +111,16 @@ class RedisBook:
         except ApprovalsError as exc:
             return Snapshot(problem=str(exc))
         try:
-            raw: dict[bytes, bytes] = self._client.hgetall(self._hash)  # type: ignore[assignment]
+            found = self._read_bounded(keys=[self._hash], args=[MAX_RECORDS, MAX_RECORD_BYTES, MAX_BOOK_BYTES])
         except self._errors as exc:
             return Snapshot(problem=f"the approvals in {self.where} cannot be read: {type(exc).__name__}: {exc}")
+        if found and isinstance(found[0], int):
+            what = f"{found[1]} records (at most {MAX_RECORDS})" if found[0] == -1 else \
+                f"more than {MAX_BOOK_BYTES} bytes"
+            return Snapshot(problem=f"the approvals in {self.where} hold {what}: not read")
         records: dict[str, Any] = {}
         untrusted: dict[str, str] = {}
-        for name, value in raw.items():
+        for name, value in zip(found[::2], found[1::2], strict=True):
             folder = name.decode("utf-8", "surrogateescape")
             try:
                 records[folder] = self._checked(mac_key, folder, value)
@@ -101,8 +129,8 @@ class RedisBook:
         return Snapshot(records, untrusted, secret=env_key, secret_where=self.key_file)
 
     @staticmethod
-    def _checked(mac_key: bytes, folder: str, value: bytes) -> dict[str, Any]:
-        if len(value) > MAX_RECORD_BYTES:
+    def _checked(mac_key: bytes, folder: str, value: bytes | int) -> dict[str, Any]:
+        if isinstance(value, int) or len(value) > MAX_RECORD_BYTES:  # an int: its size (not read)
             raise ApprovalsError(f"larger than {MAX_RECORD_BYTES} bytes")
         try:
             signed = json.loads(value)
@@ -111,7 +139,9 @@ class RedisBook:
         if not isinstance(signed, dict) or set(signed) != {"record", "mac"} or not isinstance(signed["mac"], str) \
                 or not isinstance(signed["record"], dict):
             raise ApprovalsError("not a signed approval record")
-        if not hmac.compare_digest(signed["mac"], signature(mac_key, folder, signed["record"])):
+        # Compared as bytes: ``compare_digest`` raises TypeError for text that is not ASCII.
+        if not hmac.compare_digest(signed["mac"].encode("utf-8", "surrogatepass"),
+                                   signature(mac_key, folder, signed["record"]).encode()):
             raise ApprovalsError("its signature does not match approvals.key_file (written with another key, "
                                  "changed, or copied from another folder)")
         return checked_record(signed["record"])
@@ -131,10 +161,11 @@ class RedisBook:
 
     def version(self) -> str | None:
         try:
-            found = self._client.get(self._version)
+            # A counter: its first bytes are enough to see a change (GETRANGE of no key is b"").
+            found = self._client.getrange(self._version, 0, MAX_VERSION_BYTES - 1)
         except self._errors as exc:
             raise ApprovalsError(f"{self.where}: {type(exc).__name__}: {exc}") from None
-        return found.decode("ascii", "replace") if isinstance(found, bytes) else "0"
+        return found.decode("ascii", "replace") if isinstance(found, bytes) and found else "0"
 
 
 def book_for(config: Any) -> Book:

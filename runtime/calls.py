@@ -88,19 +88,22 @@ class CallDispatcher:
 
     def _start_traced(self, tracer: CallTracer, call: ToolCall, principal: str | None, on_frame: FrameSink,
                       on_outcome: OutcomeSink, origin: TraceOrigin | None) -> CallSlot | None:
-        """``_start`` inside a span: the span ends with the outcome; questions are child spans."""
-        span = tracer.started(call, principal, origin)
+        """``_start`` inside a span: the span ends with the outcome; questions are child spans.
+        The tracer failing never fails the call (every tracer call goes through ``_untrusted``)."""
+        span = _untrusted(tracer.started, call, principal, origin)
+        if span is None:
+            return self._start(call, principal, on_frame, on_outcome)
         handles: list[CallSlot] = []
 
         def frame(item: Any) -> None:
             if type(item) is wire.Ask:
-                tracer.asked(span, len(item.requests))
+                _untrusted(tracer.asked, span, len(item.requests))
             on_frame(item)
 
         def outcome(result: Outcome) -> None:
             if handles:
                 self._spans.pop(id(handles[0]), None)
-            tracer.ended(span, handles[0] if handles else None, _error_type(result))
+            _untrusted(tracer.ended, span, handles[0] if handles else None, _error_type(result))
             on_outcome(result)
 
         handle = self._start(call, principal, frame, outcome, span.traceparent)
@@ -114,7 +117,7 @@ class CallDispatcher:
         if self.tracer is not None and handle is not None:
             span = self._spans.get(id(handle))
             if span is not None:
-                self.tracer.event(span, name, attributes)
+                _untrusted(self.tracer.event, span, name, attributes)
 
     def _start(self, call: ToolCall, principal: str | None, on_frame: FrameSink, on_outcome: OutcomeSink,
                traceparent: str = "") -> CallSlot | None:
@@ -176,7 +179,7 @@ class CallDispatcher:
         if self.tracer is not None:
             span = self._spans.pop(id(handle), None)
             if span is not None:
-                self.tracer.ended(span, handle, "cancelled")
+                _untrusted(self.tracer.ended, span, handle, "cancelled")
         call.entry.runner.withdraw(handle)
 
     def answer(self, call: ToolCall, handle: CallSlot | None, responses: list[wire.InputResponse], missing: str = "error",
@@ -189,7 +192,7 @@ class CallDispatcher:
         if self.tracer is not None and answered:
             span = self._spans.get(id(handle))
             if span is not None:
-                self.tracer.answered(span, "answered" if responses else missing)
+                _untrusted(self.tracer.answered, span, "answered" if responses else missing)
         return answered
 
     def _finish(self, call: ToolCall, slot: CallSlot, principal: str | None, started: float) -> Outcome:
@@ -250,7 +253,7 @@ class CallDispatcher:
     def record_refused_name(self, requested: str, outcome: str, principal: str | None, catalog: Catalog,
                             argument_bytes: int | None = None) -> None:
         if self.tracer is not None:
-            self.tracer.refused(requested, outcome, principal)
+            _untrusted(self.tracer.refused, requested, outcome, principal)
         if not self.hooks:
             return
         entry = catalog.get(requested) if requested else None
@@ -275,6 +278,15 @@ class CallDispatcher:
             except Exception as exc:  # a hook's failure never fails the call
                 log("internal_error", level="error", where="call hook", error=f"{type(exc).__name__}: {exc}")
 
+
+
+def _untrusted(method: Callable[..., Any], *args: Any) -> Any:
+    """A tracer call: whatever it raises is logged, never passed on (traces must not fail a call)."""
+    try:
+        return method(*args)
+    except Exception as exc:  # noqa: BLE001 - the SDK, its processors and exporters are not ours
+        log("tracing_error", level="warning", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        return None
 
 
 def _error_type(outcome: Outcome) -> str | None:

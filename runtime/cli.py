@@ -372,11 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_in[:1] == ["bench"]:
         from runtime.bench.cli import main as bench  # its own parser and dependencies (the bench extra)
 
-        try:
-            return bench(args_in[1:])
-        finally:
-            if args_in[1:2] in (["-h"], ["--help"]):  # its help ends with SystemExit
-                print("\n" + cli_help.EXAMPLES["bench"])
+        return bench(args_in[1:])  # its --help carries its own examples (the README's, checked by a test)
     args = build_parser().parse_args(args_in)
     try:
         return int(args.func(args))

@@ -53,9 +53,6 @@ EXAMPLES: dict[str, str] = {
     "completion": """examples:
   toolcell completion bash > ~/.local/share/bash-completion/completions/toolcell
   toolcell completion zsh > "${fpath[1]}/_toolcell\"""",
-    "bench": """examples:
-  toolcell bench toolcell:plugins --tool math_evaluate --args '{"expression": "1+1"}' -c 1,16 --html report.html
-  toolcell bench compare base.json new.json""",
 }
 
 

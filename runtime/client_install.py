@@ -24,11 +24,14 @@ import difflib
 import json
 import os
 import shutil
+import stat
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from runtime import plugin_files
 
 
 @dataclass(frozen=True)
@@ -104,18 +107,35 @@ def entry_for(client: Client, args: argparse.Namespace) -> dict[str, Any]:
     return entry
 
 
+#: A client's configuration file is a few kilobytes; a larger one is refused unread.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    twice = next((k for k in keys if keys.count(k) > 1), None)
+    if twice is not None:
+        # json keeps the last one: rewriting the file would silently drop the others.
+        raise ValueError(f"the key {twice!r} appears more than once in one object")
+    return dict(pairs)
+
+
 def _read(path: Path, client: Client) -> tuple[str, dict[str, Any]]:
+    # Followed to where it leads (realpath opens nothing), then read as a plugin's files are: a regular
+    # file only (a FIFO would block, a device never end), capped.
+    real = os.path.realpath(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        text = plugin_files.read_text(os.path.dirname(real), os.path.basename(real), MAX_CONFIG_BYTES)
+    except plugin_files.PluginFileError as exc:
+        raise InstallProblem(f"{path}: cannot read it: {exc.reason}"
+                             + (f" ({path} leads to {real})" if real != os.path.abspath(path) else "")) from None
+    if text is None:
         return "", {}
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InstallProblem(f"{path}: cannot read it: {exc}") from None
     if not text.strip():
         return text, {}
     try:
-        data = json.loads(text)
-    except ValueError as exc:
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
+    except (ValueError, RecursionError) as exc:
         raise InstallProblem(f"{path}: not plain JSON ({exc}); comments or trailing commas are kept only by hand: "
                              "add the entry --dry-run shows yourself") from None
     if not isinstance(data, dict):
@@ -123,6 +143,15 @@ def _read(path: Path, client: Client) -> tuple[str, dict[str, Any]]:
     if client.key in data and not isinstance(data[client.key], dict):
         raise InstallProblem(f"{path}: its {client.key!r} is not an object")
     return text, data
+
+
+def _private_copy(data: bytes, dest: Path, mode: int) -> None:
+    """Write ``data`` to the new file ``dest`` (never through a link or over a file there), readable by
+    others only once it is chmodded to ``mode``: a config can hold tokens."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        os.fchmod(f.fileno(), mode)
 
 
 def _render(data: dict[str, Any]) -> str:
@@ -153,15 +182,15 @@ def run_install(args: argparse.Namespace) -> int:
     backup = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
+        mode = 0o600  # a new file: the user's alone
+        if old_text or path.exists():
+            mode = stat.S_IMODE(os.stat(path).st_mode)
             backup = path.with_name(f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}.bak")
-            shutil.copy2(path, backup)
+            _private_copy(old_text.encode("utf-8"), backup, mode)  # no more readable than the file was
+        if args.token:
+            mode &= 0o700  # it holds a token now: the user's alone, whoever could read it before
         tmp = path.with_name(f".{path.name}.toolcell-{os.getpid()}")
-        tmp.write_text(new_text, encoding="utf-8")
-        if backup is not None:
-            shutil.copymode(backup, tmp)
-        elif args.token:
-            os.chmod(tmp, 0o600)  # a new file holding a secret: the user's alone
+        _private_copy(new_text.encode("utf-8"), tmp, mode)
         os.replace(tmp, path)
     except OSError as exc:
         print(f"toolcell install: cannot write {path}: {exc}", file=sys.stderr)

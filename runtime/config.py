@@ -215,8 +215,10 @@ def _with_tokens_file(raw: dict[str, Any]) -> dict[str, Any]:
         loaded = tomllib.loads(Path(tokens_file).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"http.tokens_file {tokens_file}: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"http.tokens_file {tokens_file}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"http.tokens_file {tokens_file}: not valid TOML: nested too deeply") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a 5,000-digit integer
+        raise ConfigError(f"http.tokens_file {tokens_file}: not valid TOML: {str(exc)[:300]}") from None
     extra = loaded.pop("tokens", [])
     if loaded or not isinstance(extra, list):
         raise ConfigError(f"http.tokens_file {tokens_file}: expected only [[tokens]] tables")
@@ -235,8 +237,10 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> Config:
             raw = tomllib.loads(source)
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a 5,000-digit integer
+            raise ConfigError(f"{path}: not valid TOML: {str(exc)[:300]}") from None
     given = {k: v for k, v in overrides.items() if v is not None}
     raw.update(given)
     raw = _with_tokens_file(raw)

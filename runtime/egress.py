@@ -429,7 +429,8 @@ async def _serve_bound(stream: trio.SocketStream, conn: h11.Connection, upstream
         except (trio.BrokenResourceError, trio.TooSlowError) as exc:
             rec.outcome, rec.reason = "tls_failed", f"the plugin's TLS handshake failed: {exc.__cause__ or exc}"
             return
-        await relay(inward, outward, bindings, rec, idle_s=IDLE_TIMEOUT_S, max_bytes=MAX_TUNNEL_BYTES)
+        await relay(inward, outward, bindings, rec, host=normalize_host(host), idle_s=IDLE_TIMEOUT_S,
+                    max_bytes=MAX_TUNNEL_BYTES)
 
 
 async def _handle(stream: trio.SocketStream, grant: Grant, rec: _Record, release: trio.Semaphore,

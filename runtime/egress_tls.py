@@ -61,6 +61,10 @@ def _system_cas() -> bytes:
 class EgressCA:
     """The per-daemon CA: leaf contexts for bound hosts, the upstream context, the workers' bundle."""
 
+    #: Leaf contexts kept (a secret bound to ``*.example.com`` reaches any number of hosts; the oldest
+    #: goes first and gets a new leaf if it comes back).
+    LEAVES_MAX = 256
+
     def __init__(self, state_dir: str, upstream_ca_file: str | None = None) -> None:
         self.state_dir = state_dir
         self.upstream_ca_file = upstream_ca_file
@@ -130,6 +134,9 @@ class EgressCA:
             if cached is not None and cached[1] - _now().timestamp() > LEAF_RENEW_S:
                 return cached[0]
             ctx, ends = self._make_leaf(host)
+            self._leaves.pop(host, None)
+            if len(self._leaves) >= self.LEAVES_MAX:
+                del self._leaves[next(iter(self._leaves))]
             self._leaves[host] = (ctx, ends)
             return ctx
 

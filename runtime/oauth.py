@@ -21,7 +21,7 @@ How this works:
   starting with ``scope_prefix``, which is stripped) read exactly like a static token's scopes:
   ``*``, ``plugin:NAME`` or a glob on the tool name. So rate limits, session caps, tasks and
   ``requestState`` ownership work per principal, unchanged.
-* A checked token is remembered (by its exact ``Authorization`` value, at most ``CACHE_MAX``, never
+* A checked token is remembered (by the token, however the header spaces it; at most ``CACHE_MAX``, never
   past its ``exp``) so that a client's every request does not verify a signature again.
 * Refusals are :class:`TokenRefused` (401 ``invalid_token`` / 403 ``insufficient_scope``, with the
   RFC 6750 ``WWW-Authenticate`` value) or :class:`AuthUnavailable` (503: the issuer's keys or the
@@ -53,6 +53,8 @@ from runtime.logs import log
 MAX_DOCUMENT_BYTES = 1 << 20
 #: Longest bearer token looked at (bytes).
 MAX_TOKEN_BYTES = 8192
+#: Fetches from the issuer (JWKS, metadata, introspection) running at once, abandoned ones included.
+FETCH_THREADS = 8
 
 #: A signing key from the JWKS: the public key, and the algorithm the JWKS pins it to (if it does).
 _Key = tuple[Any, str | None]
@@ -115,9 +117,12 @@ class OAuthVerifier:
         self._keys: dict[str, _Key] = {}
         self._keys_fetched_at: float | None = None  # trio clock
         self._refreshing: trio.Event | None = None
+        #: Why the last JWKS fetch failed (None: it did not): an unknown key is then "cannot check
+        #: now" (503), not "invalid token" (401, which makes clients throw good tokens away).
+        self._keys_failed: str | None = None
         self._jwks_uri = cfg.jwks_uri
         self._secret = secret
-        #: Authorization value -> (principal, expiry on the wall clock).
+        #: Token (as sent after "Bearer", whatever the spacing) -> (principal, expiry on the wall clock).
         self._cached: dict[bytes, tuple[Principal, float]] = {}
         self._principals: dict[tuple[str, tuple[str, ...]], Principal] = {}
         self._ssl = ssl.create_default_context(cafile=cfg.ca_file) if cfg.ca_file else ssl.create_default_context()
@@ -125,6 +130,10 @@ class OAuthVerifier:
         self.metadata_url = metadata_url(cfg.resource)
         self.refreshes = 0
         self.refused = 0
+        #: Fetch threads are abandoned at their deadline but run on until their socket times out: they
+        #: count against this limiter, never trio's default one (which cgroup cleanup, approvals and
+        #: plugin file reads share), so a hung issuer cannot starve the rest of the daemon.
+        self._fetch_threads = trio.CapacityLimiter(FETCH_THREADS)
 
     def _metadata(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"resource": self.cfg.resource, "authorization_servers": [self.cfg.issuer],
@@ -138,19 +147,22 @@ class OAuthVerifier:
     # -- the hot path: a token checked before ---------------------------------------------------
 
     def cached(self, authorization: bytes) -> Principal | None:
-        hit = self._cached.get(authorization)
+        token = _bearer(authorization)
+        if token is None:
+            return None
+        hit = self._cached.get(token)
         if hit is None:
             return None
         principal, expires = hit
         if self._wall() >= expires:
-            del self._cached[authorization]
+            del self._cached[token]
             return None
         return principal
 
-    def _remember(self, authorization: bytes, principal: Principal, expires: float) -> None:
+    def _remember(self, token: bytes, principal: Principal, expires: float) -> None:
         if len(self._cached) >= self.CACHE_MAX:
             del self._cached[next(iter(self._cached))]
-        self._cached[authorization] = (principal, expires)
+        self._cached[token] = (principal, expires)
 
     # -- WWW-Authenticate ----------------------------------------------------------------------
 
@@ -195,9 +207,9 @@ class OAuthVerifier:
         except TokenRefused:
             self.refused += 1
             raise
-        exp = claims.get("exp")
-        expires = float(exp) if isinstance(exp, (int, float)) and not isinstance(exp, bool) else self._wall() + 60.0
-        self._remember(authorization, principal, min(expires, self._wall() + 3600.0))
+        expires = _seconds(claims.get("exp"))
+        self._remember(token, principal, min(expires if expires is not None else self._wall() + 60.0,
+                                             self._wall() + 3600.0))
         return principal
 
     async def _check_jwt(self, token: str) -> dict[str, Any]:
@@ -265,8 +277,8 @@ class OAuthVerifier:
         if answer.get("active") is not True:
             raise TokenRefused(401, "invalid_token", "the token is not active")
         now = self._wall()
-        exp = answer.get("exp")
-        if isinstance(exp, (int, float)) and not isinstance(exp, bool) and exp + cfg.leeway_s <= now:
+        exp = _seconds(answer.get("exp"))
+        if exp is not None and exp + cfg.leeway_s <= now:
             raise TokenRefused(401, "invalid_token", "the token has expired")
         iss = answer.get("iss")
         if iss is not None and iss != cfg.issuer:
@@ -276,13 +288,15 @@ class OAuthVerifier:
         if not any(a in self.audience for a in auds if isinstance(a, str)):
             raise TokenRefused(401, "invalid_token", f"the token is not for this resource ({cfg.resource})")
         # Introspection answers are remembered briefly: a revoked token stops working within a minute.
-        answer["exp"] = min(float(exp), now + 60.0) if isinstance(exp, (int, float)) else now + 60.0
+        answer["exp"] = min(exp, now + 60.0) if exp is not None else now + 60.0
         return answer
 
     def _principal(self, claims: dict[str, Any]) -> Principal:
         cfg = self.cfg
         who = claims.get(cfg.principal_claim)
-        if not isinstance(who, str) or not who or len(who) > 256:
+        # Printable only: the name reaches logs, the audit log and task ownership (a lone surrogate,
+        # which JSON allows, cannot even be encoded there: its audit lines were dropped).
+        if not isinstance(who, str) or not who or len(who) > 256 or not who.isprintable():
             raise TokenRefused(401, "invalid_token", f"the token has no usable {cfg.principal_claim} claim")
         granted = _scopes(claims)
         missing = [s for s in cfg.required_scopes if s not in granted]
@@ -316,7 +330,10 @@ class OAuthVerifier:
                 if not self._keys:
                     raise
                 # Keys we already hold stay good while the issuer is unreachable.
-        return self._lookup(kid)
+        key = self._lookup(kid)
+        if key is None and self._keys_failed is not None:
+            raise AuthUnavailable(self._keys_failed)
+        return key
 
     def _lookup(self, kid: str | None) -> _Key | None:
         if kid is not None:
@@ -331,7 +348,12 @@ class OAuthVerifier:
         try:
             self._keys_fetched_at = trio.current_time()  # also when it fails: the rate limit holds
             self.refreshes += 1
-            self._keys = await self._fetch_keys()
+            try:
+                self._keys = await self._fetch_keys()
+            except AuthUnavailable as exc:
+                self._keys_failed = str(exc)
+                raise
+            self._keys_failed = None
         finally:
             self._refreshing = None
             done.set()
@@ -386,7 +408,7 @@ class OAuthVerifier:
         timeout = self.cfg.fetch_timeout_s
         with trio.move_on_after(timeout + 1.0):
             return await trio.to_thread.run_sync(self._fetch_blocking, url, data, headers or {}, timeout,
-                                                 abandon_on_cancel=True)
+                                                 abandon_on_cancel=True, limiter=self._fetch_threads)
         raise AuthUnavailable(f"{_origin(url)} did not answer within {timeout:g} s")
 
     def _fetch_blocking(self, url: str, data: bytes | None, headers: dict[str, str], timeout: float) -> _Fetched:
@@ -416,6 +438,23 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 def _origin(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}"
+
+
+def _bearer(authorization: bytes) -> bytes | None:
+    """The token of a ``Bearer`` Authorization value, however it is spaced (None: another scheme)."""
+    scheme, _, raw = authorization.partition(b" ")
+    return raw.strip() or None if scheme.lower() == b"bearer" else None
+
+
+def _seconds(value: Any) -> float | None:
+    """A NumericDate claim as a float (None: absent or not a number, NaN included); one too large for a
+    float is +inf, not an error."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return float("inf") if value > 0 else float("-inf")
 
 
 def _quoted(text: str) -> str:

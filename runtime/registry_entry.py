@@ -27,6 +27,8 @@ from runtime import plugin_files
 MAX_BYTES = 1024 * 1024
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SNAKE = re.compile(r"_([a-z])")
+#: Printable text with line breaks and tabs (a description may have them); no other control character.
+_PLAIN = re.compile(r"^[^\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*$")
 
 
 class RegistryProblem(Exception):
@@ -59,9 +61,17 @@ def _camel(data: Any) -> Any:
 
 
 def _text(value: Any, what: str, limit: int = 4096) -> str:
-    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
-        raise RegistryProblem(f"{what} is not a string of at most {limit} characters")
+    # No control characters: these strings are shown at the terminal (questions, notes), where an
+    # escape sequence could rewrite what the person reads (or set the clipboard, the window title).
+    if not isinstance(value, str) or len(value) > limit or not (value.isprintable() or _PLAIN.match(value)):
+        raise RegistryProblem(f"{what} is not a string of at most {limit} characters without control characters")
     return value
+
+
+def _shown(value: Any, limit: int = 2000) -> str:
+    """A value of the file as shown to a person at a terminal: control characters escaped."""
+    text = str(value)[:limit]
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def read_server_json(path: Path, given_args: list[str], ask: Callable[[str, str], str]) -> RegistryServer:
@@ -91,20 +101,27 @@ def read_server_json(path: Path, given_args: list[str], ask: Callable[[str, str]
     if not isinstance(packages, list):
         raise RegistryProblem(f"{path}: packages is not a list")
     usable = [p for p in packages if isinstance(p, dict) and p.get("registryType") in ("npm", "pypi")
-              and (p.get("transport") or {"type": "stdio"}).get("type", "stdio") == "stdio"]
+              and _transport(p.get("transport")) == "stdio"]
     if not usable:
-        kinds = sorted({str(p.get("registryType")) for p in packages if isinstance(p, dict)})
+        kinds = sorted({_shown(p.get("registryType"), 40) for p in packages if isinstance(p, dict)})
         remote = " and remote (HTTP) endpoints, which a client reaches directly" if data.get("remotes") else ""
         raise RegistryProblem(f"{name}: no npm or PyPI package run over stdio (it has: {', '.join(kinds) or 'none'}"
                               f"{remote}); toolcell hosts npm and PyPI servers")
     package = usable[0]
     notes = []
+    spec = _package_spec(package)
     if len(packages) > 1:
-        notes.append(f"the entry has {len(packages)} packages; using {package.get('registryType')}:"
-                     f"{package.get('identifier')}")
-    server = {"package": _package_spec(package), "args": _arguments(package, list(given_args), ask)}
+        notes.append(f"the entry has {len(packages)} packages; using {spec}")
+    server = {"package": spec, "args": _arguments(package, list(given_args), ask)}
     allow, fixed, env_notes = _environment(package)
     return RegistryServer(name, description, server, allow, fixed, notes + env_notes)
+
+
+def _transport(transport: Any) -> Any:
+    """The transport type a package entry names ("stdio" when it names none)."""
+    if transport is None:
+        return "stdio"
+    return transport.get("type", "stdio") if isinstance(transport, dict) else transport
 
 
 def _package_spec(package: dict[str, Any]) -> str:
@@ -131,16 +148,17 @@ def _arguments(package: dict[str, Any], given: list[str], ask: Callable[[str, st
         if not isinstance(item, dict):
             raise RegistryProblem("an entry of packageArguments is not an object")
         kind = item.get("type")
-        flag = _text(item["name"], "argument name", 200) if kind == "named" else ""
-        label = item.get("valueHint") or flag.lstrip("-") or "value"
+        flag = _text(item.get("name"), "argument name", 200) if kind == "named" else ""
+        label = _shown(item.get("valueHint") or flag.lstrip("-") or "value", 200)
         value = item.get("value")
         if value is None:
             default = item.get("default")
-            about = f" ({item['description']})" if isinstance(item.get("description"), str) else ""
+            about = f" ({_shown(item['description'])})" if isinstance(item.get("description"), str) else ""
             if given:
                 value = given.pop(0)
             else:
-                value = ask(f"{label}{about}", str(default) if default is not None else "")
+                value = ask(f"{label}{about}", _text(str(default), f"the default of {label!r}")
+                            if default is not None else "")
             if not value:
                 if item.get("isRequired"):
                     raise RegistryProblem(f"the argument {label!r}{about} is required: give it with --arg VALUE "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -65,9 +66,46 @@ class RunningDaemon(NamedTuple):
     scope: Scope | None
 
 
+def _trusted_pidfile(path: str) -> float | None:
+    """When the pidfile at ``path`` was written, if only this user could have written it (a regular
+    file of this user that nobody else may write); else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return None
+    return st.st_mtime
+
+
+def _a_daemon_since(pid: int, written: float) -> bool:
+    """Whether ``pid`` can be the daemon that wrote its pidfile at ``written``: a process of this user,
+    running ``serve``, that started before the file was written (a pid reused by another process since
+    the daemon died started after). Where there is no ``/proc`` (not Linux) nothing more can be told."""
+    proc = f"/proc/{pid}"
+    if not os.path.isdir("/proc/self"):
+        return True
+    try:
+        if os.stat(proc).st_uid != os.geteuid():
+            return False
+        with open(f"{proc}/cmdline", "rb") as f:
+            if b"serve" not in f.read(64 * 1024).split(b"\0"):
+                return False
+        with open(f"{proc}/stat", "rb") as f:
+            ticks = int(f.read(4096).rsplit(b")", 1)[1].split()[19])  # field 22: start, in ticks since boot
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+    started = boot + ticks / os.sysconf("SC_CLK_TCK")
+    return started <= written + 1.0  # btime is in whole seconds
+
+
 def running_daemons(state_dir: str) -> list[RunningDaemon]:
     """Every daemon with a pidfile in ``state_dir`` whose process is alive; pidfiles of daemons that
-    are gone are removed."""
+    are gone are removed. A pidfile another user could have written, or naming a process that is not
+    the daemon which wrote it (another user's, not ``serve``, started after the file: the pid was
+    reused), is not a daemon: ``toolcell reload`` never signals it."""
     found = []
     try:
         names = sorted(os.listdir(state_dir))
@@ -77,11 +115,18 @@ def running_daemons(state_dir: str) -> list[RunningDaemon]:
         if not (name.startswith(PIDFILE_PREFIX) and name.endswith(".pid")):
             continue
         path = os.path.join(state_dir, name)
+        written = _trusted_pidfile(path)
+        if written is None:
+            continue
         try:
             with open(path) as f:
-                lines = f.read().split("\n")
+                lines = f.read(64 * 1024).split("\n")
             pid = int(lines[0])
+            if pid <= 0:
+                continue
             os.kill(pid, 0)
+            if not _a_daemon_since(pid, written):
+                raise ProcessLookupError  # the daemon is gone; its pid is another process's now
         except ProcessLookupError:
             try:
                 os.unlink(path)

@@ -234,7 +234,9 @@ class TaskStore(Protocol):
     async def compare_catalogs(self, owner: str, fingerprint: str, now_ms: int) -> dict[str, str]:
         """Record the fingerprint of the catalog ``owner`` serves; return the fingerprints of every
         daemon sharing the store that heartbeated within ``orphan_after_ms`` (``owner`` included), so
-        that replicas behind one balancer can tell when their plugins differ."""
+        that replicas behind one balancer can tell when their plugins differ. What others wrote is read
+        back within bounds: at most ``MAX_CATALOGS_COMPARED`` others, each owner id and fingerprint at
+        most ``MAX_CATALOG_FIELD_CHARS`` (longer ones are not a daemon's: skipped)."""
         ...
 
     async def inspect(self, task_id: str) -> TaskRecord | None:
@@ -266,6 +268,13 @@ def new_task_id() -> str:
         task_id = secrets.token_urlsafe(18)
         if task_id[0] != "-":
             return task_id
+
+
+#: ``compare_catalogs``: how many other daemons' fingerprints are read back, and how long an owner id or
+#: a fingerprint may be (a real one: ``host:pid:nonce`` and 64 hex digits). Whoever can write to the store
+#: must not make every replica read, log and show (``/healthz``) megabytes at every heartbeat.
+MAX_CATALOGS_COMPARED = 256
+MAX_CATALOG_FIELD_CHARS = 300
 
 
 def new_owner_id() -> str:

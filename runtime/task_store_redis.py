@@ -49,6 +49,8 @@ from runtime.task_store import (
     TaskStatus,
     TASK_ID_RE,
     CorruptTaskRecord,
+    MAX_CATALOG_FIELD_CHARS,
+    MAX_CATALOGS_COMPARED,
     _Unset,
     corrupt_record,
     decode_cursor,
@@ -166,6 +168,28 @@ return failed
 """
 
 
+# KEYS: catalogs. ARGV: owner, "<now> <fingerprint>", stale before, max others, max field bytes.
+# Read on the server: only bounded, fresh entries come back (stale ones are deleted).
+_CATALOGS = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local out, stale = {ARGV[1], ARGV[2]}, {}
+local all = redis.call('HGETALL', KEYS[1])
+local limit, most = tonumber(ARGV[5]), 2 + 2 * tonumber(ARGV[4])
+for i = 1, #all, 2 do
+  local owner, value = all[i], all[i + 1]
+  local seen = tonumber(string.match(value, '^(%d+) '))
+  if not seen or seen < tonumber(ARGV[3]) then
+    stale[#stale + 1] = owner
+  elseif owner ~= ARGV[1] and #out < most and #owner <= limit and #value <= limit + 20 then
+    out[#out + 1] = owner
+    out[#out + 1] = value
+  end
+end
+for _, owner in ipairs(stale) do redis.call('HDEL', KEYS[1], owner) end
+return out
+"""
+
+
 class _Script:
     def __init__(self, source: str) -> None:
         self.source = source
@@ -174,7 +198,7 @@ class _Script:
 
 _SCRIPTS = {name: _Script(src) for name, src in (("create", _CREATE), ("transition", _TRANSITION), ("post", _POST),
                                                  ("take", _TAKE), ("heartbeat", _HEARTBEAT),
-                                                 ("fail_owner", _FAIL_OWNER))}
+                                                 ("fail_owner", _FAIL_OWNER), ("catalogs", _CATALOGS))}
 
 
 class _Cmd(NamedTuple):
@@ -496,24 +520,19 @@ class RedisTaskStore:
 
     async def compare_catalogs(self, owner: str, fingerprint: str, now_ms: int) -> dict[str, str]:
         stale_before = now_ms - self.limits.orphan_after_ms
-        key = f"{self._p}catalogs"
 
-        def compare(client: redis.Redis) -> dict[str, str]:
-            # One hash field per daemon: "<seen ms> <fingerprint>"; fields of silent daemons are dropped.
-            client.hset(key, owner, f"{now_ms} {fingerprint}")
+        def then(found: list[bytes]) -> dict[str, str]:
             out: dict[str, str] = {}
-            stale: list[bytes] = []
-            for raw_owner, value in cast(dict[bytes, bytes], client.hgetall(key)).items():
-                seen, _, found = value.decode(errors="replace").partition(" ")
-                if not seen.isdigit() or int(seen) < stale_before:
-                    stale.append(raw_owner)
-                else:
-                    out[raw_owner.decode(errors="replace")] = found
-            if stale:
-                client.hdel(key, *stale)
+            for raw_owner, value in zip(found[::2], found[1::2], strict=True):
+                found_print = value.decode(errors="replace").partition(" ")[2]
+                if len(found_print) <= MAX_CATALOG_FIELD_CHARS:
+                    out[raw_owner.decode(errors="replace")[:MAX_CATALOG_FIELD_CHARS]] = found_print
             return out
 
-        return await self._call(compare)
+        # One hash field per daemon: "<seen ms> <fingerprint>"; fields of silent daemons are dropped.
+        return await self._script("catalogs", [f"{self._p}catalogs"],
+                                  [owner, f"{now_ms} {fingerprint}", stale_before, MAX_CATALOGS_COMPARED,
+                                   MAX_CATALOG_FIELD_CHARS], then)
 
     async def recover_orphans(self, owner_alive: OwnerVerdict | None, now_ms: int, reason: str) -> int:
         stale_before = now_ms - self.limits.orphan_after_ms

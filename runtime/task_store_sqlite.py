@@ -21,6 +21,8 @@ import outcome
 
 from runtime.batch_thread import BatchThread
 from runtime.task_store import (
+    MAX_CATALOG_FIELD_CHARS,
+    MAX_CATALOGS_COMPARED,
     TERMINAL,
     UNSET,
     Limits,
@@ -395,8 +397,11 @@ class SqliteTaskStore:
                          "DO UPDATE SET fingerprint = excluded.fingerprint, seen_ms = excluded.seen_ms",
                          (owner, fingerprint, now_ms))
             conn.execute("DELETE FROM catalogs WHERE seen_ms < ?", (stale_before,))
-            rows = conn.execute("SELECT owner, fingerprint FROM catalogs").fetchall()
-            return {o: f for o, f in rows if type(o) is str and type(f) is str}
+            rows = conn.execute("SELECT owner, fingerprint FROM catalogs WHERE owner != ? AND length(owner) <= ? "
+                                "AND length(fingerprint) <= ? LIMIT ?",
+                                (owner, MAX_CATALOG_FIELD_CHARS, MAX_CATALOG_FIELD_CHARS,
+                                 MAX_CATALOGS_COMPARED)).fetchall()
+            return {owner: fingerprint, **{o: f for o, f in rows if type(o) is str and type(f) is str}}
 
         return await self._run(compare, write=True)
 

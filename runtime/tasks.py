@@ -653,6 +653,10 @@ class TaskManager:
             for task_id in watched:
                 nursery.start_soon(read, task_id)
         for task_id, record in found.items():
+            if record is None and task_id in self._reported:
+                # No such task (ids are the server's: a task is in the store before anyone learns its
+                # id), or it expired: nothing will ever change, so it is not read again.
+                self._reported_final.add(task_id)
             if record is None or task_id in self.running or task_id not in self._reported:
                 continue
             if record.updated_at_ms > self._reported[task_id]:

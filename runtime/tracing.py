@@ -25,6 +25,7 @@ How this works:
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -41,6 +42,8 @@ from runtime.logs import log
 from runtime.protocol.core import ToolCall
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+#: A client's JSON-RPC id as a span attribute, at most this long (an id may be as long as a body).
+MAX_ID_CHARS = 256
 
 
 def _ns_at(perf: float, now_perf: float, now_ns: int) -> int:
@@ -70,6 +73,9 @@ class Tracing:
             provider = _provider()
         self.provider = provider
         self.tracer = provider.get_tracer("toolcell")
+        # The API warns through Python's logging about each tracestate it cannot parse, quoting it:
+        # a client's text, raw on the daemon's stderr once per request. A bad one is just dropped.
+        logging.getLogger("opentelemetry.trace.span").setLevel(logging.ERROR)
 
     def shutdown(self) -> None:
         try:
@@ -93,7 +99,7 @@ class Tracing:
         attributes: dict[str, Any] = {
             "mcp.method.name": "tools/call", "gen_ai.tool.name": call.entry.name,
             "gen_ai.operation.name": "execute_tool", "mcp.protocol.version": call.version,
-            "jsonrpc.request.id": str(call.request_id), "toolcell.plugin": call.entry.plugin,
+            "jsonrpc.request.id": str(call.request_id)[:MAX_ID_CHARS], "toolcell.plugin": call.entry.plugin,
         }
         if principal:
             attributes["toolcell.principal"] = principal

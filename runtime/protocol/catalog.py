@@ -96,6 +96,10 @@ def _decode_cursor(cursor: Any) -> tuple[int, int, str]:
 class Catalog:
     """An immutable set of tools at one version. Views restrict it (authorization scopes)."""
 
+    #: Views kept per catalog (one per distinct scope set; OAuth tokens can carry any subset of what
+    #: the identity provider grants, so they are bounded; the oldest goes first and is recomputed).
+    VIEWS_MAX = 1024
+
     def __init__(self, version: int, entries: Iterable[ToolEntry], page_size: int = DEFAULT_PAGE_SIZE) -> None:
         self.version = version
         self.page_size = max(1, page_size)
@@ -130,6 +134,8 @@ class Catalog:
         cached = self._views.get(key)
         if cached is None:
             cached = Catalog(self.version, [e for e in self.entries if allowed(e)], self.page_size)
+            if len(self._views) >= self.VIEWS_MAX:
+                del self._views[next(iter(self._views))]
             self._views[key] = cached
         return cached
 

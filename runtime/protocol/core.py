@@ -177,6 +177,14 @@ _name_only = msgspec.json.Decoder(_NameOnly)
 
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+#: W3C ``tracestate``: printable ASCII (and the tabs/spaces around members), at most 512 characters.
+_TRACESTATE = re.compile(r"[\x20-\x7e\t]{0,512}")
+
+
+def valid_tracestate(value: Any) -> bool:
+    """A W3C ``tracestate`` made of the characters it may hold (a client's control characters never
+    travel on to the tracer, the worker or a log line)."""
+    return isinstance(value, str) and _TRACESTATE.fullmatch(value) is not None
 
 
 def valid_traceparent(value: Any) -> bool:
@@ -283,6 +291,9 @@ Outcome = Completed | Failed | Refused | Stopped
 
 #: The most messages one 2025-03-26 JSON-RPC batch may hold; a larger batch is refused whole (-32600).
 MAX_BATCH_MESSAGES = 100
+#: The most task ids one ``subscriptions/listen`` may name: each one another daemon runs is read from
+#: the task store ten times a second while the listen lasts (``runtime.tasks``).
+MAX_LISTEN_TASK_IDS = 256
 _LEGACY_TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/list", "tasks/cancel"})
 _MODERN_TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 _TASKS_REQUIRED: dict[str, Any] = {"requiredCapabilities": {"extensions": {task_shapes.EXTENSION: {}}}}
@@ -520,6 +531,9 @@ class Core:
                 _require_tasks_extension(caps)
                 if not isinstance(task_ids, list) or not all(isinstance(t, str) and 0 < len(t) <= 128 for t in task_ids):
                     raise InvalidParams("Invalid params: notifications.taskIds must be a list of task ids")
+                if len(set(task_ids)) > MAX_LISTEN_TASK_IDS:
+                    raise InvalidParams(f"Invalid params: notifications.taskIds: at most {MAX_LISTEN_TASK_IDS} task "
+                                        "ids in one listen")
             return Listen(id_bytes, env.id, wanted, version, tuple(dict.fromkeys(task_ids or ())))
         if method in _MODERN_TASK_METHODS:
             _require_tasks_extension(caps)
@@ -575,7 +589,7 @@ class Core:
                 # A malformed one is ignored, as W3C trace context says (never an error for the call).
                 traceparent = traceparent if valid_traceparent(traceparent) else None
                 tracestate = meta.get("tracestate") if traceparent is not None else None
-                if not isinstance(tracestate, str) or len(tracestate) > 512:
+                if not valid_tracestate(tracestate):
                     tracestate = None
         responses = state_text = None
         if modern:

@@ -686,7 +686,8 @@ class _Exchange:
         """Whether this response ends the connection (then it says ``Connection: close``)."""
         # Answered before its body arrived (an early 401/413/415 ...): the rest of the body is never
         # read, so the connection cannot carry another request. A stop closes every connection.
-        if not self.req.complete or self.conn.server.stopping or not self.keep_alive:
+        server = self.conn.server
+        if not self.req.complete or server.stopping or not self.keep_alive or server.winding_down():
             self.keep_alive = False
             return True
         return False
@@ -787,6 +788,10 @@ class _Exchange:
         return data
 
 
+def _never() -> bool:
+    return False
+
+
 class H1Server:
     """Accepts on the given listening sockets and serves ``app`` on each connection."""
 
@@ -810,6 +815,10 @@ class H1Server:
         #: Set when the last connection closes (shutdown waits on it, within its grace).
         self._all_closed = trio.Event()
         self.stopping = False
+        #: Whether the app is winding down (a draining replica: still serving, but a balancer should
+        #: not keep connections to it): then every response closes its connection, so none is left
+        #: idle to race a request the balancer sends on it at the moment the listener closes.
+        self.winding_down: Callable[[], bool] = getattr(app, "winding_down", _never)
         #: trio's clock, read in one call (``runtime.clock``).
         self.now = clock_reader()
 

@@ -51,6 +51,7 @@ from runtime.protocol.core import (
     ToolCall,
     requested_tool,
     valid_traceparent,
+    valid_tracestate,
 )
 from runtime.protocol.errors import (
     HeaderMismatch,
@@ -110,8 +111,9 @@ def _trace_origin(headers: RequestHeaders, session_id: str | None) -> TraceOrigi
     text = parent.decode("latin-1").strip() if parent is not None else None
     if text is not None and not valid_traceparent(text):
         text = None
-    state = headers.get(b"tracestate") if text is not None else None
-    return TraceOrigin(text, state.decode("latin-1")[:512] if state is not None else None, session_id, "tcp")
+    raw = headers.get(b"tracestate") if text is not None else None
+    state = raw.decode("latin-1") if raw is not None else None
+    return TraceOrigin(text, state if valid_tracestate(state) else None, session_id, "tcp")
 
 
 def _header_title(name: bytes) -> str:
@@ -227,7 +229,7 @@ class HttpApp:
         if path != self.path:
             if method in ("GET", "HEAD"):
                 if path == "/healthz":
-                    return self._healthz(r)
+                    return self._healthz(r, headers.get(b"authorization"))
                 if path == "/readyz":
                     return self._readyz(r)
                 if path == "/livez":
@@ -325,6 +327,11 @@ class HttpApp:
         self._audit_refused(env, principal, "insufficient_scope")
         return self._unauthorized(r, refused)
 
+    def winding_down(self) -> bool:
+        """Draining (SIGTERM with ``http.drain_s``): the server closes each connection after its
+        response, so a balancer keeps none to this replica (``H1Server.winding_down``)."""
+        return self.daemon.draining
+
     def _origin_ok(self, origin: str) -> bool:
         o = origin.strip().lower().rstrip("/")
         if self.any_origin or o in self.origins:
@@ -348,22 +355,30 @@ class HttpApp:
         await r.body(200 if ready else 503, b'{"ready":true}' if ready else b'{"ready":false}',
                      headers=[(b"cache-control", b"no-store")])
 
-    async def _healthz(self, r: Responder) -> None:
+    async def _healthz(self, r: Responder, authorization: bytes | None = None) -> None:
         """Readiness: 200 only while this daemon wants requests. On SIGTERM it says "draining" for
         ``http.drain_s`` while it still serves, so a balancer stops sending before the listener closes;
         then "stopping" (503). Draining answers 404, which HAProxy's ``http-check disable-on-404`` reads as
         "no new clients, but keep sending the sticky ones" (legacy sessions finish on this replica);
-        any other balancer reads it as down, like a 503. ``catalog`` is the fingerprint of the tools it
-        serves and ``catalog_differs`` the daemons sharing its task store that serve another catalog."""
+        any other balancer reads it as down, like a 503.
+
+        Anyone who reaches the port gets ``{"status": ...}``, all a balancer or a probe reads. The
+        details are for a request with a token the daemon accepts (or a daemon without tokens):
+        ``catalog`` (the fingerprint of the tools it serves: which plugin set), ``catalog_differs``
+        (the daemons sharing its task store that serve another catalog, as ``host:pid:nonce``), counts
+        of tools, plugins, refused plugins, sessions and calls in flight."""
         daemon = self.daemon
         ready = self.ready
         status = "ready" if ready else ("stopping" if self.shutting_down else
                                         "draining" if daemon.draining else "starting")
         tasks = daemon.tasks
-        body = rpc.encode({"status": status, "tools": len(daemon.catalog), "plugins": len(daemon.plugins),
-                           "refused": len(daemon.failed), "sessions": len(self.sessions), "inflight": daemon.inflight,
-                           "catalog": daemon.catalog.fingerprint,
-                           "catalog_differs": tasks.catalogs_differing() if tasks is not None else []})
+        if self.auth.authenticate(authorization) is None:
+            body = rpc.encode({"status": status})
+        else:
+            body = rpc.encode({"status": status, "tools": len(daemon.catalog), "plugins": len(daemon.plugins),
+                               "refused": len(daemon.failed), "sessions": len(self.sessions),
+                               "inflight": daemon.inflight, "catalog": daemon.catalog.fingerprint,
+                               "catalog_differs": tasks.catalogs_differing() if tasks is not None else []})
         await r.body(200 if ready else 404 if status == "draining" else 503, body,
                      headers=[(b"cache-control", b"no-store")])
 

@@ -517,3 +517,46 @@ def test_what_a_plugin_prints_reaches_the_log_line_by_line_while_its_worker_live
         proc.wait(10)
         if proc.stdin is not None:
             proc.stdin.close()
+
+
+def test_reload_never_signals_a_pid_its_pidfile_cannot_vouch_for(tmp_path: Path) -> None:
+    """``toolcell reload`` signals the pids of pidfiles (SIGHUP, whose default action ends a process): a
+    pidfile another user could have written, one naming -1 or 0 (every process of the user, the process
+    group), or one whose daemon died and whose pid a later process now has, must reach nobody."""
+    import os
+    import time
+
+    from runtime.reload import running_daemons
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o711)
+    # A process that looks like a daemon (``serve`` in its command line), started before its pidfile.
+    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "serve"])
+    later: subprocess.Popen[bytes] | None = None
+    try:
+        time.sleep(0.05)
+        pidfile = state / f"toolcell-{daemon.pid}.pid"
+        pidfile.write_text(f"{daemon.pid}\nstdio\n")
+        pidfile.chmod(0o600)
+        assert [d.pid for d in running_daemons(str(state))] == [daemon.pid]
+        pidfile.chmod(0o666)  # anyone could have put another pid there
+        assert running_daemons(str(state)) == []
+        pidfile.unlink()
+        for pid in (-1, 0):
+            planted = state / f"toolcell-{pid}.pid"
+            planted.write_text(f"{pid}\n\n")
+            planted.chmod(0o600)
+        assert running_daemons(str(state)) == []
+        # The daemon that wrote this pidfile an hour ago is gone; a later process has its pid.
+        later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "serve"])
+        reused = state / f"toolcell-{later.pid}.pid"
+        reused.write_text(f"{later.pid}\n\n")
+        reused.chmod(0o600)
+        os.utime(reused, (time.time() - 3600, time.time() - 3600))
+        assert running_daemons(str(state)) == []
+        assert later.poll() is None
+    finally:
+        for proc in (daemon, later):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)

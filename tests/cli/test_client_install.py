@@ -116,3 +116,41 @@ def test_a_file_it_cannot_rewrite_faithfully_is_left_alone(tmp_path: Path) -> No
     out = toolcell("install", "vscode", home=tmp_path, cwd=tmp_path)
     assert out.returncode == 2 and "not plain JSON" in out.stderr
     assert (tmp_path / ".vscode" / "mcp.json").read_text() == commented
+
+
+def test_a_hostile_or_odd_client_file_is_refused_unchanged_and_never_hangs(tmp_path: Path) -> None:
+    """The file may come with a cloned repository (``.mcp.json``): a FIFO (reading it would block for
+    ever), a huge file, or JSON with a key twice (json keeps the last one, so rewriting it would drop
+    the others' servers silently) is refused with the reason, and left as it was."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    out = toolcell("install", "cursor", "--file", str(fifo), home=tmp_path, cwd=tmp_path)
+    assert out.returncode == 2 and "not a regular file" in out.stderr, out.stderr
+    huge = tmp_path / "huge.json"
+    huge.write_text("{" + " " * (5 << 20) + "}")
+    out = toolcell("install", "cursor", "--file", str(huge), home=tmp_path, cwd=tmp_path)
+    assert out.returncode == 2 and "larger than" in out.stderr, out.stderr
+    twice = '{"mcpServers": {"a": {"command": "a"}}, "mcpServers": {"b": {"command": "b"}}}\n'
+    duplicated = tmp_path / "twice.json"
+    duplicated.write_text(twice)
+    out = toolcell("install", "cursor", "--file", str(duplicated), home=tmp_path, cwd=tmp_path)
+    assert out.returncode == 2 and "'mcpServers' appears more than once" in out.stderr, out.stderr
+    assert duplicated.read_text() == twice
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.json", "huge.json", "twice.json"]  # no backups
+
+
+def test_a_token_written_into_a_file_others_can_read_makes_it_private(tmp_path: Path) -> None:
+    """A config others may read (editors make them 0644) that now holds a bearer token is the user's
+    alone; the backup is no more readable than the file was."""
+    (tmp_path / ".cursor").mkdir()
+    config = tmp_path / ".cursor" / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {}}))
+    config.chmod(0o644)
+    done = toolcell("install", "cursor", "--http", "http://127.0.0.1:8765/mcp", "--token", "tc_secret",
+                    home=tmp_path, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "tc_secret" in config.read_text()
+    assert (config.stat().st_mode & 0o777) == 0o600
+    backups = list((tmp_path / ".cursor").glob("mcp.json.*.bak"))
+    assert len(backups) == 1 and (backups[0].stat().st_mode & 0o777) == 0o644
+    assert json.loads(backups[0].read_text()) == {"mcpServers": {}}

@@ -8,6 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -85,3 +87,21 @@ def test_positions_of_keys_tables_inline_tables_arrays_and_arrays_of_tables() ->
 def test_the_position_finder_never_fails_on_any_text(source: str) -> None:
     found = key_positions(source)  # hostile or not TOML at all: some positions or none, never an error
     assert all(line >= 1 and column >= 1 for line, column in found.values())
+
+
+@pytest.mark.parametrize("source, why", [
+    ("x = 1" + "0" * 5000 + "\n", "not valid TOML"),  # int() refuses more than 4,300 digits: ValueError
+    ("x = " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply"),  # tomllib recurses: RecursionError
+])
+def test_a_pathological_config_is_a_config_error_never_a_traceback(tmp_path: Path, source: str, why: str) -> None:
+    from runtime.config import ConfigError, load_config
+
+    path = tmp_path / "toolcell.toml"
+    path.write_text(source)
+    with pytest.raises(ConfigError, match=why):
+        load_config(str(path), {})
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(source)
+    path.write_text(f'[http]\ntokens_file = "{tokens}"\n')
+    with pytest.raises(ConfigError, match=why):
+        load_config(str(path), {})

@@ -98,3 +98,43 @@ def test_a_server_json_that_is_a_fifo_a_device_or_huge_is_refused_without_hangin
         with pytest.raises(RegistryProblem) as info:
             read_server_json(path, [], no_one_asked)
         assert fragment.lower() in info.value.args[0].lower(), info.value.args[0]
+
+
+@pytest.mark.parametrize("entry, why", [
+    # Not the shapes the format has: each is a RegistryProblem, never a traceback.
+    ({"name": "x", "packages": [{"registryType": "npm", "identifier": "x", "transport": "stdio"}]}, None),
+    ({"name": "x", "packages": [{"registryType": "npm", "identifier": "x",
+                                 "packageArguments": [{"type": "named", "value": "1"}]}]}, "argument name"),
+    ({"name": "x", "packages": [{"registryType": ["npm"], "identifier": "x"}]}, "toolcell hosts npm and PyPI"),
+    # Escape sequences would reach the person's terminal (questions, notes): refused, or shown escaped.
+    ({"name": "x\x1b]52;c;cm0gLXJmIH4=\x07", "packages": []}, "without control characters"),
+    ({"name": "x", "packages": [{"registryType": "npm", "identifier": "x\x1b[2J"}]}, "without control characters"),
+    ({"name": "x", "packages": [{"registryType": "npm", "identifier": "x", "packageArguments": [
+        {"type": "positional", "value": "a\u202eb"}]}]}, "without control characters"),
+])
+def test_a_hostile_server_json_is_refused_with_a_reason(tmp_path: Path, entry: dict[str, object], why: str | None) -> None:
+    import json
+
+    path = tmp_path / "server.json"
+    path.write_text(json.dumps(entry))
+    if why is None:
+        assert read_server_json(path, [], no_one_asked).server["package"] == "npm:x"
+        return
+    with pytest.raises(RegistryProblem, match=why):
+        read_server_json(path, [], no_one_asked)
+
+
+def test_what_a_server_json_says_is_shown_to_the_person_with_its_control_characters_escaped(tmp_path: Path) -> None:
+    import json
+
+    asked: list[str] = []
+
+    def person(question: str, default: str) -> str:
+        asked.append(question + default)
+        return "/srv"
+
+    path = tmp_path / "server.json"
+    path.write_text(json.dumps({"name": "x", "packages": [{"registryType": "npm", "identifier": "x", "packageArguments": [
+        {"type": "positional", "valueHint": "dir\x1b[8m", "description": "hidden\x1b[2K\rok", "default": "/tmp"}]}]}))
+    assert read_server_json(path, [], person).server["args"] == ["/srv"]
+    assert asked and not any(c in asked[0] for c in "\x1b\r"), asked

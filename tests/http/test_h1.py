@@ -225,6 +225,23 @@ async def test_keep_alive_and_pipelined_requests_are_answered_in_order() -> None
         assert srv.app.calls == 4
 
 
+async def test_an_app_winding_down_gets_every_connection_closed_after_its_response() -> None:
+    """A draining replica still answers, but keeps no connection for a balancer to reuse: an idle
+    kept-alive connection would race a request sent on it at the moment the listener closes."""
+    app = App()
+    winding = False
+    app.winding_down = lambda: winding  # type: ignore[attr-defined]
+    async with running(app) as srv, client(srv) as c:
+        await c.send(post(b"/a", b"1"))
+        status, headers, _ = await c.response()
+        assert status == 200 and b"connection" not in headers
+        winding = True
+        await c.send(post(b"/b", b"2"))
+        status, headers, body = await c.response()
+        assert (status, body) == (200, b"POST /b ? [2]") and headers[b"connection"] == b"close"
+        assert await c.closed()
+
+
 async def test_chunked_request_body_is_reassembled_and_streamed_responses_are_chunked() -> None:
     async with running() as srv, client(srv) as c:
         await c.send(b"POST /e HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -179,6 +179,16 @@ def test_matched_authorization_values_are_remembered_but_only_matches_and_only_s
     assert auth.authenticate(b"Bearer secret-1") is first and auth.authenticate(b"Bearer secret-2") is None
 
 
+def test_catalog_views_per_scope_set_are_bounded() -> None:
+    """OAuth scopes come from tokens: every distinct scope set (any subset of what the identity
+    provider grants) made a catalog view that lived as long as the catalog."""
+    catalog = Catalog(0, [], 10)
+    bound = getattr(Catalog, "VIEWS_MAX", 1024)
+    for i in range(3 * bound):
+        Principal(f"oauth:u{i}", (f"plugin:p{i}",)).catalog(catalog)
+    assert len(catalog._views) == bound
+
+
 def test_the_http_config_is_checked_and_every_problem_is_reported_at_once() -> None:
     from runtime.config import ConfigError, load_config
 

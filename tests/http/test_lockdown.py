@@ -63,11 +63,21 @@ def test_requests_without_a_valid_bearer_token_get_401(locked_server: ServerProc
     assert basic.status_code == 401
 
 
-def test_healthz_reports_readiness_without_authentication(locked_server: ServerProcess, client: httpx2.Client) -> None:
+def test_healthz_reports_readiness_without_authentication_and_details_only_with_a_token(
+        locked_server: ServerProcess, client: httpx2.Client) -> None:
+    """A balancer needs the status (and the HTTP code); how many plugins are refused, the catalog's
+    fingerprint (which plugin set), the other replicas' host:pid ids, sessions and calls in flight are
+    for the operator, not for whoever can reach the port."""
     r = client.get(locked_server.base + "/healthz")
     assert r.status_code == 200
-    assert r.json()["status"] == "ready"
-    assert r.json()["tools"] >= 7
+    assert r.json() == {"status": "ready"}
+    for token in ("wrong-token", None):
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        assert client.get(locked_server.base + "/healthz", headers=headers).json() == {"status": "ready"}
+    detailed = client.get(locked_server.base + "/healthz", headers={"authorization": f"Bearer {FULL}"})
+    assert detailed.status_code == 200
+    assert detailed.json()["status"] == "ready" and detailed.json()["tools"] >= 7
+    assert {"catalog", "catalog_differs", "refused", "plugins"} <= set(detailed.json())
     assert client.get(locked_server.base + "/other").status_code == 404
 
 

@@ -339,3 +339,101 @@ async def test_the_official_sdk_client_finds_the_issuer_gets_a_token_and_calls(i
         assert set(asked["scope"].split()) == {"toolcell:*", "toolcell:plugin:alpha", "toolcell:plugin:beta"}
     finally:
         await trio.to_thread.run_sync(stop_server, srv)
+
+
+# -- hostile tokens and a hostile issuer, checked in-process (review of issue 26) ------------------
+
+
+def _verifier(issuer: Issuer, **extra: Any) -> Any:
+    from runtime.http_config import OAuthConfig
+    from runtime.oauth import OAuthVerifier
+
+    return OAuthVerifier(OAuthConfig(resource=RESOURCE, issuer=issuer.url, ca_file=str(issuer.ca_file),
+                                     scope_prefix="toolcell:", **extra))
+
+
+async def test_an_exp_too_large_for_a_float_is_a_token_not_a_crash(issuer: Issuer) -> None:
+    """JSON integers have no bound: ``exp = 10**400`` verifies (it is in the future) and must not
+    raise OverflowError on its way into the cache (that was a 500)."""
+    verifier = _verifier(issuer)
+    principal = await verifier.verify(b"Bearer " + issuer.token(exp=10**400).encode())
+    assert principal.name == "oauth:alice"
+
+
+async def test_an_introspected_exp_too_large_for_a_float_is_a_token_not_a_crash(issuer: Issuer) -> None:
+    verifier = _verifier(issuer, introspection_endpoint=issuer.url + "/introspect",
+                         introspection_client_id=CLIENT_ID)
+    verifier._secret = CLIENT_SECRET
+    issuer.opaque["opaque-huge-exp"] = {"active": True, "sub": "bob", "aud": RESOURCE, "exp": 10**400,
+                                        "scope": "toolcell:*"}
+    assert (await verifier.verify(b"Bearer opaque-huge-exp")).name == "oauth:bob"
+
+
+@pytest.mark.parametrize("who", ["eve\r\nforged: line", "eve\x1b[2J", "eve\u2028", "eve\ud800"])
+async def test_a_principal_claim_with_control_characters_or_lone_surrogates_is_refused(issuer: Issuer,
+                                                                                       who: str) -> None:
+    """A claim becomes the principal's name in logs, the audit log and task ownership keys. A lone
+    surrogate (JSON allows ``\\ud800``) cannot even be encoded: the audit line was silently dropped."""
+    from runtime.oauth import TokenRefused
+
+    from joserfc import jws
+
+    verifier = _verifier(issuer)
+    claims = json.loads(base64.urlsafe_b64decode(issuer.token().split(".")[1] + "=="))
+    claims["sub"] = who
+    # Signed by hand: joserfc would refuse to encode a lone surrogate; json.dumps writes it as \ud800.
+    token = jws.serialize_compact({"alg": "RS256", "kid": issuer.rsa.kid}, json.dumps(claims).encode(), issuer.rsa)
+    with pytest.raises(TokenRefused) as refused:
+        await verifier.verify(b"Bearer " + token.encode())
+    assert refused.value.status == 401
+    assert "sub" in refused.value.description
+
+
+async def test_whitespace_variants_of_one_token_share_one_cache_entry(issuer: Issuer) -> None:
+    """The cache was keyed by the raw Authorization value: one valid token padded with spaces made
+    a new entry (up to the header size each) and a fresh signature check on every request."""
+    verifier = _verifier(issuer)
+    token = issuer.token().encode()
+    await verifier.verify(b"Bearer " + token)
+    for n in range(1, 50):
+        variant = b"Bearer" + b" " * n + token
+        assert verifier.cached(variant) is not None
+        await verifier.verify(variant)
+    assert len(verifier._cached) == 1
+
+
+async def test_a_jwks_outage_answers_unavailable_not_invalid_token_until_the_next_refresh(issuer: Issuer) -> None:
+    """After a failed JWKS fetch the refresh is rate-limited; the requests in between were told
+    ``invalid_token`` (so clients threw away good tokens) instead of "cannot check now"."""
+    from runtime.oauth import AuthUnavailable
+
+    verifier = _verifier(issuer, jwks_refresh_min_s=3600)
+    issuer.down = True
+    try:
+        for _ in range(3):
+            with pytest.raises(AuthUnavailable):
+                await verifier.verify(b"Bearer " + issuer.token().encode())
+    finally:
+        issuer.down = False
+    assert verifier.refreshes == 1  # still rate-limited
+
+
+async def test_a_hung_issuer_cannot_take_the_daemons_worker_threads(issuer: Issuer) -> None:
+    """Fetches run in threads abandoned when their deadline passes; a hung introspection endpoint
+    (or a JWKS that drips) kept them in trio's *default* thread limiter, which cgroup cleanup,
+    approvals and plugin file reads share: a stream of opaque tokens starved the whole daemon."""
+    import socket
+
+    import trio
+
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(128)  # accepts (in the kernel) and never answers
+        url = f"https://127.0.0.1:{hung.getsockname()[1]}/introspect"
+        verifier = _verifier(issuer, introspection_endpoint=url, fetch_timeout_s=30)
+        default = trio.to_thread.current_default_thread_limiter()
+        with trio.move_on_after(1):
+            async with trio.open_nursery() as nursery:
+                for i in range(60):
+                    nursery.start_soon(verifier.verify, f"Bearer opaque-{i}".encode())
+        assert default.borrowed_tokens == 0

@@ -288,3 +288,125 @@ def test_tracing_off_costs_no_import(tmp_path: Path) -> None:
             "from runtime.serve import tracing_wanted, _tracing; assert not tracing_wanted(); "
             "assert _tracing() is None; assert not any(m.startswith('opentelemetry') for m in sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+# -- a tracer that fails never fails a call (in-process, no daemon) --------------------------------
+
+
+class _RaisingTracer:
+    """Its methods raise (but those in ``working``): an SDK bug, a span processor that throws."""
+
+    def __init__(self, working: tuple[str, ...]) -> None:
+        self.working = working
+
+    def __getattr__(self, name: str) -> Any:
+        def boom(*args: Any) -> Any:
+            if name in self.working:
+                from types import SimpleNamespace
+
+                return SimpleNamespace(traceparent="")
+            raise RuntimeError(f"tracer.{name} is broken")
+        return boom
+
+
+class _FakePool:
+    """Runs nothing: keeps each slot so the test can finish it (as a worker's answer would)."""
+
+    def __init__(self) -> None:
+        self.slots: list[Any] = []
+
+    def new_slot(self, name: str, arguments: Any, progress: bool, log_level: int, on_frame: Any, done: Any,
+                 **extra: Any) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(finished=False, error=None, result=None, on_frame=on_frame, done=done,
+                               queued_at=0.0, started_at=0.0)
+
+    def submit(self, slot: Any) -> None:
+        self.slots.append(slot)
+
+    def answer(self, *args: Any) -> bool:
+        return True
+
+    def withdraw(self, slot: Any) -> None:
+        slot.finished = True
+
+
+@pytest.mark.parametrize("working", [(), ("started",)])
+def test_a_tracer_that_raises_never_fails_a_call(working: tuple[str, ...]) -> None:
+    from runtime.calls import CallDispatcher
+    from runtime.protocol.catalog import Catalog, ToolEntry
+    from runtime.protocol.core import Completed, ToolCall
+    from runtime.protocol.schemas import check_tool
+    from sandbox import wire
+    from sandbox.wire import ToolSpec
+
+    checked, problems = check_tool(ToolSpec(name="echo", description="echo", input_schema={"type": "object"}),
+                                   "echo")
+    assert checked is not None, problems
+    pool = _FakePool()
+    entry = ToolEntry("p_echo", "p", "echo", checked, runner=pool)
+    dispatcher = CallDispatcher(max_inflight=10)
+    dispatcher.tracer = _RaisingTracer(working)
+    call = ToolCall(b"1", 1, entry, {}, "2025-06-18", None, -1, False)
+    outcomes: list[Any] = []
+    handle = dispatcher.start(call, "alice", lambda frame: None, outcomes.append)
+    assert handle is not None
+    handle.on_frame(wire.Ask(1, []))  # a question: the tracer's ask span fails, the frame goes on
+    dispatcher.answer(call, handle, [])
+    dispatcher.trace_event(handle, "task", {"status": "working"})
+    handle.result = wire.Result(1, [{"type": "text", "text": "hi"}])
+    handle.done(handle)
+    assert len(outcomes) == 1 and type(outcomes[0]) is Completed
+    assert dispatcher.inflight == 0
+    # A refused call and a cancelled one: recorded, not raised.
+    dispatcher.record_refused_name("nope", "unknown_tool", "alice", Catalog(0, [entry]))
+    second = dispatcher.start(call, "alice", lambda frame: None, outcomes.append)
+    dispatcher.cancel(call, second, "alice")
+    assert second.finished and dispatcher.inflight == 0
+
+
+def _memory_tracing() -> tuple[Any, Any]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from runtime.tracing import Tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return Tracing(provider), exporter
+
+
+def _call(request_id: Any, tracestate: str | None = None) -> Any:
+    from runtime.protocol.catalog import ToolEntry
+    from runtime.protocol.core import ToolCall
+    from runtime.protocol.schemas import check_tool
+    from sandbox.wire import ToolSpec
+
+    checked, _ = check_tool(ToolSpec(name="echo", description="echo", input_schema={"type": "object"}), "echo")
+    assert checked is not None
+    return ToolCall(b"1", request_id, ToolEntry("p_echo", "p", "echo", checked), {}, "2025-06-18", None, -1, False,
+                    traceparent=TRACEPARENT, tracestate=tracestate)
+
+
+def test_span_attributes_from_the_client_are_bounded() -> None:
+    """A JSON-RPC id may be a string as long as the body: as a span attribute it was kept whole in
+    the exporter's queue (up to 2048 spans) and sent to the collector."""
+    tracing, exporter = _memory_tracing()
+    tracing.ended(tracing.started(_call("x" * 100_000), "alice", None), None, None)
+    (span,) = exporter.get_finished_spans()
+    assert len(span.attributes["jsonrpc.request.id"]) <= 256
+
+
+def test_a_malformed_tracestate_is_not_written_to_the_daemons_log_by_the_sdk(caplog: Any) -> None:
+    """OpenTelemetry warns through Python's logging about a tracestate it cannot parse, quoting it:
+    a client's text on the daemon's stderr, raw, once per request."""
+    import logging
+
+    tracing, exporter = _memory_tracing()
+    with caplog.at_level(logging.DEBUG):
+        tracing.ended(tracing.started(_call(1, "a=b,bad member forged"), None, None), None, None)
+    assert "forged" not in caplog.text
+    assert exporter.get_finished_spans()[0].parent.trace_id == int(TRACE_ID, 16)  # the parent still counts

@@ -165,7 +165,9 @@ class Cluster:
 
     async def healthz(self, client: httpx2.AsyncClient, daemon: HttpDaemon) -> tuple[int, dict[str, Any]]:
         with trio.fail_after(WAIT_S):
-            r = await client.get(self.healthz_url(daemon))
+            # The details (catalog, catalog_differs, counts) are for a client with a token.
+            r = await client.get(self.healthz_url(daemon),
+                                 headers={"authorization": f"Bearer {next(iter(TOKENS.values()))}"})
         return r.status_code, r.json()
 
 

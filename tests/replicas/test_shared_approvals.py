@@ -85,6 +85,8 @@ def test_an_approval_written_once_is_read_by_every_replica_and_bumps_the_version
         key, folder, {"grants": {"network": "*"}})}).encode(), "network is not a list"),
     (lambda signed, key, folder: b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
     (lambda signed, key, folder: b" " * (2 << 20), "larger than"),
+    # hmac.compare_digest raises TypeError on non-ASCII text: a bad record, not a daemon that stops.
+    (lambda signed, key, folder: json.dumps({**signed, "mac": "\u00e9" * 64}).encode(), "signature does not match"),
 ])
 def test_a_damaged_record_holds_only_its_plugin_with_the_reason(url: str, tmp_path: Path, damage: Any,
                                                                  why: str) -> None:
@@ -162,3 +164,27 @@ def test_the_approvals_table_is_checked_and_the_default_stays_the_state_dir(tmp_
                       ('[approvals]\nkey_file = "/k"\n', "only with approvals.store")]:
         with pytest.raises(ConfigError, match=why):
             config(text)
+
+
+def test_what_anyone_with_redis_write_access_puts_there_is_read_within_bounds(url: str, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The version is logged and compared at every poll, the book read at every change: a huge version,
+    thousands of junk records or a book of gigabytes are not read into each replica (and hold every
+    plugin, as a book that cannot be read does: fail closed)."""
+    from runtime import approvals_shared
+
+    book = RedisBook(url, key_file(tmp_path / "approvals.key"))
+    folder = tmp_path / "p"
+    folder.mkdir()
+    client = redis.Redis.from_url(url)
+    client.set("toolcell:approvals:version", "\x1b[31m" + "9" * (8 << 20))
+    version = book.version()
+    assert version is not None and len(version) <= 64
+    client.hset("toolcell:approvals", mapping={f"/junk/{i}": "x" for i in range(10_001)})
+    held = approvals.check_in(book.read(), manifest(), folder)  # no record of its own: still held
+    assert held is not None and "10001 records (at most 10000)" in held, held
+    client.delete("toolcell:approvals")
+    monkeypatch.setattr(approvals_shared, "MAX_BOOK_BYTES", 4096, raising=False)
+    client.hset("toolcell:approvals", mapping={f"/junk/{i}": "x" * 1000 for i in range(5)})
+    held = approvals.check_in(book.read(), manifest(), folder)
+    assert held is not None and "more than 4096 bytes" in held, held

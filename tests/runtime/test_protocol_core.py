@@ -6,6 +6,7 @@ No processes, no trio: bytes in, actions out.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from protocol_fakes import (
@@ -429,6 +430,22 @@ def test_subscriptions_listen_is_acknowledged_with_the_listen_id_verbatim() -> N
     assert end["id"] == "sub-1" and end["result"]["resultType"] == "complete"
 
 
+def test_a_listen_names_a_bounded_number_of_task_ids() -> None:
+    """Each task id another daemon runs is read from the store ten times a second while the listen
+    lasts: a listen of thousands of ids would keep the daemon polling its store in a hot loop."""
+    core = core_for()
+    meta = modern_meta(**{"io.modelcontextprotocol/clientCapabilities": {
+        "extensions": {"io.modelcontextprotocol/tasks": {}}}})
+
+    def listen(count: int) -> Any:
+        return core.receive(ConnState(), msg("subscriptions/listen", {"_meta": meta, "notifications": {
+            "taskIds": [f"t-{i:09d}" for i in range(count)]}}, id="sub-1"))
+
+    assert isinstance(listen(256), Listen)
+    err = error_of(listen(5000))
+    assert err["code"] == -32602 and "at most 256 task ids" in err["message"]
+
+
 # -- JSON-RPC rules ----------------------------------------------------------------------------------
 
 
@@ -597,6 +614,22 @@ def test_a_valid_call_becomes_a_tool_call_action_with_everything_the_runner_need
     assert action.entry is TYPED and action.arguments == {"count": 2}
     assert action.request_id == "c1" and action.id_bytes == b'"c1"'
     assert action.progress_token == "tok" and action.version == "2025-06-18" and not action.modern
+
+
+@pytest.mark.parametrize(("tracestate", "kept"), [
+    ("vendor=abc,other=x y", True),
+    ('a=b,\n{"level":"error","event":"forged"}', False),  # would reach a log line verbatim
+    ("a=\x1b[2Jb", False),
+    ("a=\u00e9", False),
+    ("a=" + "b" * 600, False),
+])
+def test_meta_tracestate_is_kept_only_when_it_is_printable_ascii(tracestate: str, kept: bool) -> None:
+    core = core_for()
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    action = core.receive(initialized(core, "2025-06-18"), msg("tools/call", {
+        "name": "plain", "_meta": {"traceparent": parent, "tracestate": tracestate}}))
+    assert isinstance(action, ToolCall) and action.traceparent == parent
+    assert action.tracestate == (tracestate if kept else None)
 
 
 def test_missing_arguments_mean_an_empty_object() -> None:

@@ -9,12 +9,14 @@ TLS; and a real ``toolcell serve`` whose plugin tries every way to learn the val
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import os
 import secrets
 import socket
 import ssl
 import sys
+import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -193,9 +195,11 @@ def upstream_ca() -> trustme.CA:
 
 
 @asynccontextmanager
-async def echo_server(nursery: trio.Nursery, ca: trustme.CA | None) -> AsyncIterator[tuple[int, list[dict[str, Any]]]]:
+async def echo_server(nursery: trio.Nursery, ca: trustme.CA | None,
+                      encoding: str = "") -> AsyncIterator[tuple[int, list[dict[str, Any]]]]:
     """An HTTP(S) server on 127.0.0.1 (certificate for localhost and 127.0.0.1 from ``ca``; plain when
-    None) that answers each request with what it received, as JSON; keep-alive. Records every request."""
+    None) that answers each request with what it received, as JSON; keep-alive. Records every request.
+    ``encoding``: the answer is compressed so (gzip, deflate, or a made-up "br"), whatever was asked."""
     seen: list[dict[str, Any]] = []
     ctx = None
     if ca is not None:
@@ -219,8 +223,13 @@ async def echo_server(nursery: trio.Nursery, ca: trustme.CA | None) -> AsyncIter
                     elif isinstance(event, h11.EndOfMessage):
                         seen.append(got)
                         body = json.dumps(got).encode()
+                        extra = []
+                        if encoding:
+                            body = gzip.compress(body) if encoding == "gzip" else zlib.compress(body) \
+                                if encoding == "deflate" else body
+                            extra = [("content-encoding", encoding)]
                         await stream.send_all((conn.send(h11.Response(status_code=200, headers=[
-                            ("content-type", "application/json"), ("content-length", str(len(body)))])) or b"")
+                            ("content-type", "application/json"), ("content-length", str(len(body))), *extra])) or b"")
                             + (conn.send(h11.Data(data=body)) or b"") + (conn.send(h11.EndOfMessage()) or b""))
                         if conn.our_state is h11.MUST_CLOSE:
                             return
@@ -330,6 +339,70 @@ async def test_the_proxy_puts_the_value_into_requests_to_the_bound_host_only_and
     assert json.loads(answers[0])["headers"]["authorization"] == f"Bearer {ph}"
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
+async def test_a_compressed_echo_of_the_value_is_decoded_and_masked_or_refused(
+        nursery: trio.Nursery, tmp_path: Path, upstream_ca: trustme.CA, encoding: str) -> None:
+    """A host that compresses although asked for identity must not hand the credential past the mask:
+    gzip and deflate are decoded (and sent on decoded, masked); any other coding is refused (502)."""
+    ca_file = tmp_path / "upstream-ca.pem"
+    upstream_ca.cert_pem.write_to_path(str(ca_file))
+    store = SecretStore({"TOKEN": SecretSource(env="V")}, str(tmp_path), str(ca_file), environ={"V": VALUE})
+    bound = store.for_plugin("test", {"TOKEN": SecretSpec("127.0.0.1")})
+    ph = bound.worker_env()["TOKEN"]
+    async with echo_server(nursery, upstream_ca, encoding) as (port, seen):
+        async with proxy(nursery, Grant.parse([f"127.0.0.1:{port}"]), bound) as pport:
+            req = f"GET /q HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ph}\r\n\r\n".encode()
+            head, answers = await https_via(pport, f"127.0.0.1:{port}", worker_context(bound), "127.0.0.1", [req])
+    assert seen[0]["headers"]["authorization"] == f"Bearer {VALUE}"  # the host got the value and echoed it
+    assert all(VALUE.encode() not in a for a in answers), answers
+    assert head.startswith(b"HTTP/1.1 200"), head  # the tunnel itself (the answers are what came through it)
+    if encoding == "br":
+        assert b"Content-Encoding br, which the relay cannot check" in answers[0], answers
+    else:
+        assert json.loads(answers[0])["headers"]["authorization"] == f"Bearer {ph}"  # decoded, then masked
+
+
+@pytest.mark.parametrize("request_head", [
+    # Domain fronting: the TLS connection is the bound host's, the request names another site behind
+    # the same front (a CDN routes by Host, or by an absolute-form target, which overrides Host).
+    "GET /x HTTP/1.1\r\nHost: evil.example\r\nAuthorization: Bearer {ph}\r\n\r\n",
+    "GET https://evil.example/x HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ph}\r\n\r\n",
+])
+async def test_a_request_inside_the_bound_hosts_tunnel_naming_another_host_gets_no_value(
+        nursery: trio.Nursery, tmp_path: Path, upstream_ca: trustme.CA, request_head: str) -> None:
+    ca_file = tmp_path / "upstream-ca.pem"
+    upstream_ca.cert_pem.write_to_path(str(ca_file))
+    store = SecretStore({"TOKEN": SecretSource(env="V")}, str(tmp_path), str(ca_file), environ={"V": VALUE})
+    bound = store.for_plugin("test", {"TOKEN": SecretSpec("127.0.0.1")})
+    ph = bound.worker_env()["TOKEN"]
+    async with echo_server(nursery, upstream_ca) as (port, seen):
+        async with proxy(nursery, Grant.parse([f"127.0.0.1:{port}"]), bound) as pport:
+            fine = f"GET /ok HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {ph}\r\n\r\n".encode()
+            fronted = request_head.format(ph=ph).encode()
+            _, answers = await https_via(pport, f"127.0.0.1:{port}", worker_context(bound), "127.0.0.1",
+                                         [fine, fronted])
+    assert [r["target"] for r in seen] == ["/ok"] and seen[0]["headers"]["authorization"] == f"Bearer {VALUE}"
+    assert b"127.0.0.1" in answers[1] and VALUE.encode() not in answers[1]
+
+
+async def test_a_request_with_both_content_length_and_chunked_is_not_relayed_with_both(
+        nursery: trio.Nursery, tmp_path: Path, upstream_ca: trustme.CA) -> None:
+    """RFC 9112 6.3: an intermediary removes Content-Length when Transfer-Encoding is there; relayed
+    with both, a host (or its front) that reads Content-Length takes the rest of the body as the
+    next request: smuggled ahead of the plugin's next request, which carries the value."""
+    ca_file = tmp_path / "upstream-ca.pem"
+    upstream_ca.cert_pem.write_to_path(str(ca_file))
+    store = SecretStore({"TOKEN": SecretSource(env="V")}, str(tmp_path), str(ca_file), environ={"V": VALUE})
+    bound = store.for_plugin("test", {"TOKEN": SecretSpec("127.0.0.1")})
+    async with echo_server(nursery, upstream_ca) as (port, seen):
+        async with proxy(nursery, Grant.parse([f"127.0.0.1:{port}"]), bound) as pport:
+            req = (b"POST /p HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   b"5\r\nhello\r\n0\r\n\r\n")
+            await https_via(pport, f"127.0.0.1:{port}", worker_context(bound), "127.0.0.1", [req])
+    assert seen[0]["body"] == "hello"
+    assert "content-length" not in seen[0]["headers"], seen[0]["headers"]
+
+
 async def test_the_placeholder_sent_to_another_host_or_over_plain_http_stays_a_placeholder(
         nursery: trio.Nursery, tmp_path: Path, upstream_ca: trustme.CA) -> None:
     store = SecretStore({"TOKEN": SecretSource(env="V")}, str(tmp_path), environ={"V": VALUE})
@@ -353,6 +426,17 @@ async def test_the_placeholder_sent_to_another_host_or_over_plain_http_stays_a_p
     assert seen == [{"target": f"/{ph}", "headers": {"host": "x", "authorization": f"Bearer {ph}"}, "body": ""}]
     assert p_seen[0]["target"] == f"/{ph}" and p_seen[0]["headers"]["authorization"] == f"Bearer {ph}"
     assert VALUE not in json.dumps(seen + p_seen)
+
+
+def test_leaf_certificates_are_kept_for_a_bounded_number_of_hosts(tmp_path: Path) -> None:
+    """A secret bound to ``*.example.com`` lets a plugin CONNECT to any number of subdomains: each
+    made a leaf and a TLS context, kept for the daemon's life."""
+    ca = EgressCA(str(tmp_path))
+    bound = getattr(EgressCA, "LEAVES_MAX", 256)
+    for i in range(bound + 20):
+        ca.server_context(f"h{i}.example.com")
+    assert len(ca._leaves) == bound
+    assert ca.server_context("h0.example.com") is not None  # an evicted host just gets a new leaf
 
 
 async def test_a_bound_host_whose_certificate_fails_gets_nothing_and_the_plugin_a_502(

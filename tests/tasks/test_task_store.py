@@ -381,3 +381,20 @@ async def test_daemons_sharing_a_store_see_each_others_catalog_fingerprints_unti
     assert await daemon_a.compare_catalogs("host-a:1:aa", "f-two", t0 + 5_000) == {
         "host-a:1:aa": "f-two", "host-b:2:bb": "f-two"}
     assert await daemon_a.compare_catalogs("host-a:1:aa", "f-two", t0 + 11_001) == {"host-a:1:aa": "f-two"}
+
+
+async def test_catalog_fingerprints_read_back_are_bounded_whoever_wrote_them(open_store: OpenStore) -> None:
+    """Anyone who can write to the store (a replica, an attacker with the Redis URL) writes owners and
+    fingerprints: every replica reads them back at each heartbeat, logs and shows them (``/healthz``).
+    Hundreds of fake daemons or megabyte-long values are read back bounded; this daemon's own is kept."""
+    clock = FakeClock()
+    store = await open_store(clock_ms=clock)
+    t0 = clock.now_ms
+    for i in range(400):
+        await store.compare_catalogs(f"fake:{i}:00", "f-other", t0)
+    await store.compare_catalogs("x" * 100_000, "f-long-owner", t0)
+    await store.compare_catalogs("fake:long:00", "y" * 100_000, t0)
+    seen = await store.compare_catalogs("host-a:1:aa", "f-mine", t0)
+    assert seen["host-a:1:aa"] == "f-mine"
+    assert len(seen) <= 257
+    assert max(len(k) + len(v) for k, v in seen.items()) <= 600

@@ -187,3 +187,38 @@ async def test_a_closing_daemon_stops_its_upkeep_before_it_closes_the_store(
             pass
     assert closed.is_set()
     assert [r for r in seen if r["event"] == "task_store_failed"] == []
+
+
+async def test_a_listen_on_task_ids_that_do_not_exist_is_not_polled_again(open_store: OpenStore) -> None:
+    """Listened tasks that another daemon runs are read from the store ten times a second; ids that name
+    no task (made up by the client, or expired) would be read for as long as the listen lasts."""
+    from runtime.config import TasksConfig
+    from runtime.tasks import TaskManager
+
+    store = await open_store()
+    reads: list[str] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> object:
+            return getattr(store, name)
+
+        async def inspect(self, task_id: str) -> TaskRecord | None:
+            reads.append(task_id)
+            return await store.inspect(task_id)
+
+    real = record(created_at_ms=wall_clock_ms() - 10_000, owner="another-host:1:aa", ttl_ms=600_000)
+
+    class Sink:
+        def emit(self, data: bytes) -> None:
+            pass
+
+    await store.create(real, 10)
+    async with trio.open_nursery() as nursery:
+        tasks = TaskManager(None, None, Counting(), TasksConfig(), nursery)  # type: ignore[arg-type]
+        made_up = tuple(f"t-{i:09d}" for i in range(50))
+        tasks.subscribe("alice", (*made_up, real.task_id), Sink(), b'"s"')  # type: ignore[arg-type]
+        await tasks._watch_remote()
+        assert len(reads) == 51
+        reads.clear()
+        await tasks._watch_remote()
+        assert reads == [real.task_id]  # still working: still watched; the others never again
