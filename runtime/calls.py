@@ -141,7 +141,7 @@ class CallDispatcher:
             return None
         try:
             slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
-                                 call.log_level, on_frame, done, principal, traceparent)
+                                 call.log_level, on_frame, done, principal=principal, trace=traceparent)
         except (OverflowError, TypeError, ValueError) as exc:
             on_outcome(Refused(InvalidParams("Invalid params: arguments cannot be passed to a worker "
                                              f"({type(exc).__name__}: {str(exc)[:100]})")))
