@@ -98,7 +98,7 @@ async def _direct_start() -> float:
 
 async def _hosted_start(root: Path) -> float:
     from runtime.daemon import open_daemon  # noqa: F401 (the same imports the daemon has)
-    from runtime.hosted import HostedRunner
+    from runtime.execution.hosted import HostedRunner
     from runtime.launch import resolve
     from runtime.manifest import load_manifest
     from runtime.processes import PoolSpec

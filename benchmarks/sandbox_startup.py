@@ -239,7 +239,7 @@ async def _pool_run(plugin_dir: str, state_dir: str, policy: str, mode: str, con
 
     from runtime.manifest import Manifest
     from runtime.processes import PoolSpec
-    from runtime.workers import WorkerPool
+    from runtime.execution.pool import WorkerPool
 
     manifest = Manifest(name="bench", version="0", entry="bench_plugin", isolation=mode)
     lat: list[float] = []

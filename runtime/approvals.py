@@ -274,7 +274,7 @@ _ISOLATION = ("per_call", "pooled")
 
 def _isolation(asked: dict[str, Any], approved: dict[str, Any]) -> list[str]:
     if asked.get("runs") is not None:
-        return []  # a server brings its own processes (``runtime.hosted``): isolation is always "pooled"
+        return []  # a server brings its own processes (``runtime.execution.hosted``): isolation is always "pooled"
     # Not recorded: approved before it was compared, so only the narrowest counts as approved.
     old = approved.get("isolation")
     least = old if old in _ISOLATION else _ISOLATION[0]

@@ -38,9 +38,10 @@ from runtime.processes import (
     kill_tree,
     spawn_process,
 )
-from runtime.workers import Worker
+from runtime.execution.child import ChildProcess
 from sandbox import wire
 from sandbox.isolation import cgroups
+from runtime.policy import check_layers
 
 BUILD_HOSTS = ("pypi.org:443", "files.pythonhosted.org:443")
 BUILD_LIMITS = wire.Limits(timeout_s=600, memory_mb=1024, cpu_s=600, max_processes=256, max_open_files=4096,
@@ -83,13 +84,11 @@ def _prepare(argv: list[str], name: str, workdir: str, state_dir: str, policy: s
 async def run(argv: list[str], *, name: str, workdir: str, state_dir: str, policy: str, python: str) -> str:
     """Run ``argv`` (uv) in a sandbox that may write ``workdir`` and reach the package index only.
     Returns its output; raises ``BuildError`` with it when the command fails."""
-    from runtime.policy import check_layers
-
     scratch, token, env, init = _prepare(argv, name, workdir, state_dir, policy, python)
     LIVE_WORKER_TOKENS.add(token)
     proc, raw = await spawn_process(env, scratch, piped=True)
     LIVE_WORKER_PIDS.add(proc.pid)
-    ipc = Worker(proc, raw, scratch, wire.MAX_FRAME_BYTES)
+    ipc = ChildProcess(proc, raw, scratch)
     output = bytearray()
     try:
         async with trio.open_nursery() as nursery:

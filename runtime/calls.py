@@ -18,6 +18,7 @@ import msgspec
 
 import trio
 
+from runtime.execution.runner import CallSlot
 from runtime.logs import log
 from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.core import Completed, Failed, Outcome, Refused, Reply, ToolCall
@@ -45,7 +46,7 @@ class CallTracer(Protocol):
     def asked(self, call_span: Any, questions: int) -> None: ...
     def answered(self, call_span: Any, outcome: str) -> None: ...
     def event(self, call_span: Any, name: str, attributes: dict[str, Any]) -> None: ...
-    def ended(self, call_span: Any, slot: Any, error_type: str | None) -> None: ...
+    def ended(self, call_span: Any, slot: CallSlot | None, error_type: str | None) -> None: ...
     def refused(self, requested: str, outcome: str, principal: str | None) -> None: ...
 #: A progress or log frame of a running call, as the worker sent it (checked).
 FrameSink = Callable[[Any], None]
@@ -78,7 +79,7 @@ class CallDispatcher:
             await self._idle.wait()
 
     def start(self, call: ToolCall, principal: str | None, on_frame: FrameSink, on_outcome: OutcomeSink,
-              origin: TraceOrigin | None = None) -> Any:
+              origin: TraceOrigin | None = None) -> CallSlot | None:
         """Start ``call`` without a task of its own; ``on_outcome`` runs once with how it ended
         (possibly before this returns). Returns a handle for ``cancel``, or None."""
         if self.tracer is not None:
@@ -86,13 +87,13 @@ class CallDispatcher:
         return self._start(call, principal, on_frame, on_outcome)
 
     def _start_traced(self, tracer: CallTracer, call: ToolCall, principal: str | None, on_frame: FrameSink,
-                      on_outcome: OutcomeSink, origin: TraceOrigin | None) -> Any:
+                      on_outcome: OutcomeSink, origin: TraceOrigin | None) -> CallSlot | None:
         """``_start`` inside a span: the span ends with the outcome; questions are child spans.
         The tracer failing never fails the call (every tracer call goes through ``_untrusted``)."""
         span = _untrusted(tracer.started, call, principal, origin)
         if span is None:
             return self._start(call, principal, on_frame, on_outcome)
-        handles: list[Any] = []
+        handles: list[CallSlot] = []
 
         def frame(item: Any) -> None:
             if type(item) is wire.Ask:
@@ -111,7 +112,7 @@ class CallDispatcher:
             self._spans[id(handle)] = span
         return handle
 
-    def trace_event(self, handle: Any, name: str, attributes: dict[str, Any]) -> None:
+    def trace_event(self, handle: CallSlot | None, name: str, attributes: dict[str, Any]) -> None:
         """An event on a running call's span (a task's state), when traces are on."""
         if self.tracer is not None and handle is not None:
             span = self._spans.get(id(handle))
@@ -119,12 +120,12 @@ class CallDispatcher:
                 _untrusted(self.tracer.event, span, name, attributes)
 
     def _start(self, call: ToolCall, principal: str | None, on_frame: FrameSink, on_outcome: OutcomeSink,
-               traceparent: str = "") -> Any:
+               traceparent: str = "") -> CallSlot | None:
         entry = call.entry
         pool = entry.runner
         started = time.perf_counter()
 
-        def done(slot: Any) -> None:
+        def done(slot: CallSlot) -> None:
             self.inflight -= 1
             if not self.inflight and self._idle is not None:
                 self._idle.set()
@@ -139,15 +140,8 @@ class CallDispatcher:
             self._refuse_busy(call, principal, started, on_outcome, "too many calls in flight")
             return None
         try:
-            if getattr(pool, "per_principal", False):  # a hosted server with instances per principal
-                slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
-                                     call.log_level, on_frame, done, principal=principal, trace=traceparent)
-            elif traceparent:
-                slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
-                                     call.log_level, on_frame, done, trace=traceparent)
-            else:
-                slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
-                                     call.log_level, on_frame, done)
+            slot = pool.new_slot(entry.local_name, call.arguments, call.progress_token is not None,
+                                 call.log_level, on_frame, done, principal=principal, trace=traceparent)
         except (OverflowError, TypeError, ValueError) as exc:
             on_outcome(Refused(InvalidParams("Invalid params: arguments cannot be passed to a worker "
                                              f"({type(exc).__name__}: {str(exc)[:100]})")))
@@ -175,7 +169,7 @@ class CallDispatcher:
         self._hook(call, principal, "busy", started)
         on_outcome(Refused(ServerBusy(f"Server busy: {why}; retry later")))
 
-    def cancel(self, call: ToolCall, handle: Any, principal: str | None = None) -> None:
+    def cancel(self, call: ToolCall, handle: CallSlot | None, principal: str | None = None) -> None:
         """The client cancelled: no outcome follows for ``call``; its worker is stopped."""
         if handle is None or handle.finished:
             return
@@ -188,20 +182,20 @@ class CallDispatcher:
                 _untrusted(self.tracer.ended, span, handle, "cancelled")
         call.entry.runner.withdraw(handle)
 
-    def answer(self, call: ToolCall, handle: Any, responses: list[wire.InputResponse], missing: str = "error",
+    def answer(self, call: ToolCall, handle: CallSlot | None, responses: list[wire.InputResponse], missing: str = "error",
                why: str = "the client gave no answer", to: wire.Ask | None = None) -> bool:
         """Give a running call that asked its client something the answers (see ``WorkerPool.answer``;
         ``to``: the round they answer)."""
         if handle is None or handle.finished:
             return False
-        answered: bool = call.entry.runner.answer(handle, responses, missing, why, to)
+        answered = call.entry.runner.answer(handle, responses, missing, why, to)
         if self.tracer is not None and answered:
             span = self._spans.get(id(handle))
             if span is not None:
                 _untrusted(self.tracer.answered, span, "answered" if responses else missing)
         return answered
 
-    def _finish(self, call: ToolCall, slot: Any, principal: str | None, started: float) -> Outcome:
+    def _finish(self, call: ToolCall, slot: CallSlot, principal: str | None, started: float) -> Outcome:
         entry = call.entry
         self.stats["calls"] += 1
         error = slot.error
@@ -211,7 +205,8 @@ class CallDispatcher:
             log("call_failed", level="warning", tool=entry.name, plugin=entry.plugin, kind=error.kind,
                 fault=error.fault, error=error.message)
             return Failed(error)
-        result: wire.Result = slot.result
+        result = slot.result
+        assert result is not None  # a slot ends with an error or a result
         if result.traceback:
             log("tool_raised", level="warning", tool=entry.name, plugin=entry.plugin, traceback=result.traceback)
         if self.hooks:
@@ -228,7 +223,7 @@ class CallDispatcher:
             box.append(outcome)
             event.set()
 
-        handles: list[Any] = []
+        handles: list[CallSlot | None] = []
 
         def relay(frame: Any) -> None:
             if type(frame) is wire.Ask:

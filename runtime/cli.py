@@ -80,6 +80,7 @@ def table(rows: list[list[str]], headers: list[str]) -> str:
 
 
 async def _serve(cfg: Config, args: argparse.Namespace) -> None:
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.serve import serve
 
     await serve(cfg, stdio=args.stdio, http=args.http, unix=args.unix, scope=scope_of(args.config, cfg.plugins))
@@ -137,6 +138,7 @@ def _free_port() -> int:
 
 
 async def _describe(cfg: Config) -> Any:
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.daemon import open_daemon
 
     async with open_daemon(cfg, describe_only=True) as daemon:
@@ -183,7 +185,7 @@ def _permissions(plugin: Any) -> str:
 
 
 def _mode(plugin: Any) -> str:
-    """pooled / per_call, or "server" for a hosted MCP server (``runtime.hosted``)."""
+    """pooled / per_call, or "server" for a hosted MCP server (``runtime.execution.hosted``)."""
     return "server" if plugin.manifest.kind == "server" else str(plugin.manifest.isolation)
 
 
@@ -269,18 +271,21 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.reload_cli import run_reload
 
     return run_reload(_config(args), args)
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.task_cli import run_tasks_command
 
     return run_tasks_command(load_config(args.config, {"plugins": args.plugins}), args, table)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime import doctor
 
     return int(doctor.main(["--json"] if args.json else []))
@@ -319,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plugin_dir").complete = shtab_dir  # type: ignore[attr-defined]
     p.set_defaults(func=cmd_check)
 
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime import imports
 
     imports.register(sub, _add_common, _config)  # add, import, approve
@@ -337,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_reload)
 
     p = sub.add_parser("tasks", help="list the tasks in the task store, or show one (reads the store directly)")
+    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
     from runtime.task_cli import add_arguments
 
     add_arguments(p)

@@ -35,6 +35,7 @@ from runtime import config_problems
 from runtime.http_config import HttpConfig, check_http_config
 from runtime.plugin_secrets import SecretSource, check_sources
 from runtime.task_store import Limits, parse_store_url
+import importlib.util
 
 def _bundled_plugins() -> Path:
     """The bundled plugins: ``plugins/`` beside ``runtime/`` in a checkout (and an editable install),
@@ -43,8 +44,6 @@ def _bundled_plugins() -> Path:
     if checkout.is_dir():
         return checkout
     try:
-        import importlib.util
-
         spec = importlib.util.find_spec("toolcell_plugins")
     except (ImportError, ValueError):
         spec = None

@@ -37,6 +37,7 @@ from runtime.scope import Scope
 from runtime.spares import Spares
 from runtime.spares import installed as spares_installed
 from runtime.processes import become_subreaper, serve_reaper, sweep_stale_scratch
+from sandbox.isolation import cgroups
 
 
 
@@ -347,8 +348,6 @@ async def open_daemon(config: Config, describe_only: bool = False) -> AsyncItera
     become_subreaper()
     sweep_stale_scratch(config.state_dir)
     try:
-        from sandbox.isolation import cgroups
-
         cgroups.sweep_stale()  # empty worker cgroups left behind by a daemon that died
     except Exception as exc:  # never fatal: strict workers re-check their own cgroup layer
         log("cgroup_sweep_failed", level="warning", error=str(exc))

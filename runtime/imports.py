@@ -44,6 +44,8 @@ from runtime.manifest import MANIFEST_NAME, ManifestError, load_manifest
 from runtime.progress import progress
 from runtime.registry_entry import RegistryProblem, read_server_json
 from runtime.server_spec import parse_package
+from runtime.config import BUNDLED_PLUGINS
+from runtime.plugins import discover
 
 _NAME_BAD = re.compile(r"[^a-z0-9_.-]+")
 _VAR = re.compile(r"^\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -307,8 +309,6 @@ def _per_name(values: list[str] | None) -> dict[str, list[str]]:
 
 
 def _destination(args: argparse.Namespace, cfg: Any) -> Path:
-    from runtime.config import BUNDLED_PLUGINS
-
     if args.into:
         into = Path(args.into)
     else:
@@ -586,8 +586,6 @@ def _approve_added(manifest: Any, folder: Path, book: approvals.Book, asker: Ask
 
 
 def cmd_approve(args: argparse.Namespace, cfg: Any) -> int:
-    from runtime.plugins import discover
-
     found = []
     for path in discover(cfg.plugins):
         try:

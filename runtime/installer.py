@@ -50,6 +50,7 @@ from runtime import plugin_files
 from runtime.logs import log
 from runtime.plugin_files import excerpt
 from runtime.server_spec import Package
+from runtime import builds
 
 INSTALL_TIMEOUT_S = 600.0
 MARKER = "toolcell-env.json"
@@ -104,6 +105,7 @@ def which(name: str) -> str | None:
 
 def uv_bin() -> str:
     try:
+        # Lazy: the uv package is looked up only when something is installed.
         from uv import find_uv_bin
 
         return str(find_uv_bin())
@@ -574,8 +576,6 @@ async def python_requirements(requirements: list[str], state_dir: str, plugin_di
         _fresh(dest)
         try:
             if source_builds:
-                from runtime import builds
-
                 try:
                     text = await builds.build_requirements(normal, dest, state_dir, policy, uv_bin(), python_exe(),
                                                            checked)

@@ -96,7 +96,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: The plugin's module (required for kind "plugin"; a "server" has none).
     entry: str = ""
     description: str = ""
-    #: "plugin" (code written for ``sandbox.api``) or "server" (an existing MCP server: ``runtime.hosted``).
+    #: "plugin" (code written for ``sandbox.api``) or "server" (an existing MCP server: ``runtime.execution.hosted``).
     kind: str = "plugin"
     #: Python requirements, installed into a per-plugin environment (``runtime.installer``).
     dependencies: list[str] = []

@@ -15,15 +15,15 @@ from typing import Any, cast
 import trio
 
 from runtime.daemon import Daemon
+from runtime.execution.pool import PHASES
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class Metrics:
     def __init__(self, daemon: Daemon) -> None:
+        # Lazy: prometheus-client and the metrics listener load only when metrics are exported.
         from prometheus_client import CollectorRegistry, Counter, Histogram
-
-        from runtime.workers import PHASES
 
         PHASES.on = True  # the pools time calls by phase from now on (toolcell_call_phase_*)
         self.daemon = daemon
@@ -49,6 +49,7 @@ class Metrics:
         self.apps.append(app)
 
     def exposition(self) -> bytes:
+        # Lazy: prometheus-client and the metrics listener load only when metrics are exported.
         from prometheus_client import generate_latest
 
         return bytes(generate_latest(self.registry))
@@ -56,12 +57,14 @@ class Metrics:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """A tiny ASGI app: ``GET /metrics``."""
         if scope["type"] == "lifespan":
+            # Lazy: prometheus-client and the metrics listener load only when metrics are exported.
             from runtime.transports.asgi import lifespan
 
             return await lifespan(receive, send)
         if scope["type"] != "http":
             return
         if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+            # Lazy: prometheus-client and the metrics listener load only when metrics are exported.
             from prometheus_client import CONTENT_TYPE_LATEST
 
             status, body, ctype = 200, self.exposition(), CONTENT_TYPE_LATEST.encode()
@@ -82,6 +85,7 @@ class _Live:
         return []
 
     def collect(self) -> Iterator[Any]:
+        # Lazy: prometheus-client and the metrics listener load only when metrics are exported.
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         daemon = self.metrics.daemon
@@ -123,10 +127,10 @@ class _Live:
             pool = plugin.pool
             if pool is None:
                 continue
-            queue.add_metric([name], len(getattr(pool, "queue", ())))
-            alive.add_metric([name], len(getattr(pool, "workers", ())))
-            restarts.add_metric([name], getattr(pool, "restarts", 0))
-            kills.add_metric([name], getattr(pool, "limit_kills", 0))
+            queue.add_metric([name], pool.queued())
+            alive.add_metric([name], pool.alive())
+            restarts.add_metric([name], pool.restarts)
+            kills.add_metric([name], pool.limit_kills)
             totals = getattr(pool, "phase_totals", None)
             if totals is not None:
                 phase_calls.add_metric([name], totals[0])
@@ -179,6 +183,7 @@ class _Live:
 async def serve_metrics(metrics: Metrics, listen: tuple[str, int], shutdown: trio.Event,
                         task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``/metrics`` on ``listen`` until ``shutdown`` is set."""
+    # Lazy: prometheus-client and the metrics listener load only when metrics are exported.
     import hypercorn.trio
 
     from runtime.http_config import HttpConfig

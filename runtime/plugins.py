@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import msgspec
 import trio
@@ -23,12 +23,13 @@ from runtime.protocol.catalog import ToolEntry
 from runtime.protocol.schemas import check_tool
 from runtime.plugin_secrets import SecretError, SecretStore
 from runtime.processes import PoolSpec
-from runtime.workers import PluginLoadError, WorkerPool
+from runtime.execution.hosted import HostedRunner
+from runtime.execution.pool import WorkerPool
+from runtime.execution.runner import PluginLoadError, Runner
 from sandbox import wire
-
-if TYPE_CHECKING:
-    from runtime.approvals import Snapshot
-    from runtime.hosted import HostedRunner
+from runtime import approvals, installer
+from runtime import launch
+from runtime.approvals import HELD, Snapshot
 
 
 @dataclass(eq=False)
@@ -38,7 +39,7 @@ class Plugin:
     path: Path
     manifest: Manifest | None = None
     #: What runs its calls: a pool of workers, or a hosted server's instances.
-    pool: WorkerPool | HostedRunner | None = None
+    pool: Runner | None = None
     entries: list[ToolEntry] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
@@ -63,8 +64,6 @@ class Plugin:
 def awaiting_approval(plugin: Plugin) -> bool:
     """A version of this plugin was held because it asks for more than was approved (``runtime.approvals``):
     every reload tries it again, since an approval changes no file in its folder."""
-    from runtime.approvals import HELD
-
     return any(p.startswith(HELD) for p in (*plugin.problems, *plugin.reload_error))
 
 
@@ -104,8 +103,6 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
     except plugin_files.PluginFileError as exc:
         plugin.problems = [f"{path / MANIFEST_NAME}: {exc.reason}"]
         return plugin
-    from runtime import approvals, installer
-
     held = (approvals.check(plugin.manifest, path, state_dir) if approved is None
             else approvals.check_in(approved, plugin.manifest, path))
     if held:
@@ -172,12 +169,10 @@ async def load_plugin(path: Path, nursery: trio.Nursery, policy: str, state_dir:
 
 
 async def _load_server(plugin: Plugin, spec: PoolSpec, nursery: trio.Nursery) -> Plugin:
-    """A hosted MCP server (``runtime.hosted``): install or resolve what it runs, start it, list its tools.
+    """A hosted MCP server (``runtime.execution.hosted``): install or resolve what it runs, start it, list its tools.
 
     Unlike a plugin's, a third-party server's tool that fails the checks is left out (and logged)
     rather than refusing the whole server."""
-    from runtime import hosted, installer, launch
-
     try:
         argv, reads = await launch.server_command(spec.manifest, spec.plugin_dir, spec.state_dir)
     except installer.InstallError as exc:
@@ -186,7 +181,7 @@ async def _load_server(plugin: Plugin, spec: PoolSpec, nursery: trio.Nursery) ->
     except launch.LaunchError as exc:
         plugin.problems = [f"command: {exc}"]
         return plugin
-    runner = hosted.HostedRunner(spec, nursery, argv, reads)
+    runner = HostedRunner(spec, nursery, argv, reads)
     try:
         ready = await runner.start()
     except PluginLoadError as exc:
@@ -210,7 +205,7 @@ async def _load_server(plugin: Plugin, spec: PoolSpec, nursery: trio.Nursery) ->
     return plugin
 
 
-def hosted_entries(plugin: Plugin, runner: Any, tools: list[wire.ToolSpec]) -> list[ToolEntry]:
+def hosted_entries(plugin: Plugin, runner: Runner, tools: list[wire.ToolSpec]) -> list[ToolEntry]:
     """Catalog entries for a hosted server's tools; a tool that fails the checks is left out and logged."""
     assert plugin.manifest is not None
     entries: list[ToolEntry] = []

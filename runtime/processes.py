@@ -1,7 +1,7 @@
 """Process primitives of the daemon: starting a worker interpreter, killing a whole process tree,
 reaping the orphans it adopts as child subreaper, and removing dead daemons' scratch folders.
 
-No pool logic and no IPC here (``runtime.workers`` has both); ``runtime.spares`` starts its spare
+No pool logic and no IPC here (``runtime.execution.pool`` has both); ``runtime.spares`` starts its spare
 interpreters with the same ``spawn_process``.
 """
 
@@ -243,7 +243,7 @@ async def spawn_process(env: dict[str, str], cwd: str, spare: bool = False,
 
     ``spare``: it will adopt the environment its ``Init`` frame carries (``runtime.spares``).
     ``piped``: stdin, stdout and stderr are three pipes (a hosted server's MCP channel and its log,
-    ``runtime.hosted_session``; a build, ``runtime.builds``); otherwise stdin is closed and stderr
+    ``runtime.execution.hosted_session``; a build, ``runtime.builds``); otherwise stdin is closed and stderr
     joins stdout (a plugin's prints, kept for its log)."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = child.fileno()

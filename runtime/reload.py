@@ -172,6 +172,7 @@ def _watch_plan(folders: list[str]) -> tuple[list[str], list[str]]:
 def import_watchfiles() -> Any:
     """``watchfiles``, or None after a loud warning saying what is lost and how to fix it."""
     try:
+        # Lazy: watchfiles (and its Rust extension) only when a folder is watched.
         import watchfiles
     except Exception as exc:  # noqa: BLE001 (any failure to import means no watching)
         log("watcher_unavailable", level="error", error=f"{type(exc).__name__}: {exc}",

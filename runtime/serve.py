@@ -27,6 +27,15 @@ from runtime.config import Config
 from runtime.http_config import parse_listen
 from runtime.scope import Scope
 from sandbox.isolation import cgroups
+from runtime.audit import AuditLog
+from runtime.daemon import open_daemon
+from runtime.metrics import Metrics
+from runtime.metrics import serve_metrics
+from runtime.reload import serve_reloaders
+from runtime.transports.listeners import check_exposure, passed_address
+from runtime.transports.listeners import serve_http
+from runtime.transports.stdio import serve_stdio
+import socket
 
 
 async def _answer_calls_at_grace_end(daemon: Any, shutdown: trio.Event, grace_s: float) -> None:
@@ -71,8 +80,6 @@ async def _watch_signals(daemon: Any, shutdown: trio.Event, hard_stop: trio.Canc
 
 def ensure_bindable(address: tuple[str, int]) -> None:
     """Fail before any worker starts when an address is taken, naming it (the listener binds later)."""
-    import socket
-
     host, port = address
     if port == 0:
         return
@@ -92,8 +99,6 @@ def ensure_bindable(address: tuple[str, int]) -> None:
 async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, unix: str | None = None,
                 scope: Scope | None = None, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until shut down. ``http`` is ``HOST:PORT`` ("" for the configured/default address)."""
-    from runtime.daemon import open_daemon
-
     hcfg = cfg.http
     leaf = cgroups.enter_daemon_leaf()  # a delegated cgroup v2 (Delegate=yes, a container): workers beside us
     if leaf is not None:
@@ -109,8 +114,6 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
             raise ValueError("sockets were passed by the service manager but no HTTP transport was asked for "
                              "(add --http to the command line)")
         listen = unix = None
-    from runtime.transports.listeners import check_exposure, passed_address
-
     for sock in passed:
         check_exposure(hcfg, passed_address(sock))
     if listen is not None:
@@ -123,13 +126,9 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
         audit: Any = None
         metrics: Any = None
         if hcfg.audit_log:
-            from runtime.audit import AuditLog
-
             audit = AuditLog(hcfg.audit_log)
             daemon.call_hooks.append(audit.hook)
         if hcfg.metrics_listen and (listen is not None or unix or passed or stdio):
-            from runtime.metrics import Metrics
-
             metrics = Metrics(daemon)
             daemon.call_hooks.append(metrics.hook)
         tracer = _tracing()
@@ -142,13 +141,9 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
                 outer.start_soon(_watch_signals, daemon, shutdown, outer.cancel_scope, hcfg.drain_s)
                 outer.start_soon(_answer_calls_at_grace_end, daemon, shutdown, hcfg.shutdown_grace_s)
                 outer.start_soon(_notify_stopping, notifier, shutdown)
-                from runtime.reload import serve_reloaders
-
                 outer.start_soon(serve_reloaders, daemon)
                 async with trio.open_nursery() as servers:
                     if listen is not None or unix or passed:
-                        from runtime.transports.listeners import serve_http
-
                         urls = await servers.start(partial(
                             serve_http, daemon, hcfg, listen=listen, unix=unix, passed=passed, shutdown=shutdown,
                             audit=audit,
@@ -156,8 +151,6 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
                         for url in urls:
                             print(f"toolcell: MCP endpoint {url}", file=sys.stderr, flush=True)
                     if metrics is not None:
-                        from runtime.metrics import serve_metrics
-
                         murl = await servers.start(serve_metrics, metrics, parse_listen(hcfg.metrics_listen or "", default_port=9464),
                                                    shutdown)
                         urls.append(murl)
@@ -201,7 +194,7 @@ def _tracing() -> Any:
         logs.log("tracing_unavailable", level="warning", error=f"the OTEL_* environment asks for traces, but "
                  f"{exc.name or 'opentelemetry'} is not installed: pip install 'toolcell[otel]'")
         return None
-    from runtime.workers import PHASES  # lazy like the daemon itself (see serve)
+    from runtime.execution.pool import PHASES  # lazy like the daemon itself (see serve)
 
     PHASES.on = True  # the pools time each call's queue wait and worker round trip (the child spans)
     tracer = Tracing()
@@ -211,8 +204,6 @@ def _tracing() -> Any:
 
 
 async def _serve_stdio(daemon: Any, shutdown: trio.Event, grace_s: float) -> None:
-    from runtime.transports.stdio import serve_stdio
-
     # On shutdown, calls in flight get the grace period (new ones are refused), then whatever is
     # left is answered with an error saying the server is shutting down.
     await serve_stdio(daemon, shutdown=shutdown, grace_s=grace_s)

@@ -1,6 +1,6 @@
 """The ``[server]`` table of a manifest of kind "server", and package specs, checked strictly.
 
-A hosted server is an existing MCP server run inside a worker sandbox (``runtime.hosted``)::
+A hosted server is an existing MCP server run inside a worker sandbox (``runtime.execution.hosted``)::
 
     name = "files"
     version = "1.0.0"

@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 from sandbox import wire
+from runtime.logs import log
 
 MAX_VALUE_DEPTH = 64
 MAX_VALUE_NODES = 1_000_000
@@ -146,6 +147,14 @@ def truncate_progress(msg: wire.Progress, cap: int) -> wire.Progress:
     return wire.Progress(msg.id, msg.progress, msg.total, message)
 
 
+def check_notification(msg: wire.Progress | wire.Log) -> None:
+    """A progress or log frame, checked (raises ``FrameRejected``)."""
+    if type(msg) is wire.Log:
+        check_log(msg)
+    else:
+        check_progress(msg)  # type: ignore[arg-type]
+
+
 def within_budget(slot: Any, msg: Any, size: int, limits: wire.Limits, plugin: str, tool: str) -> Any:
     """The progress/log frame to relay for a call (``slot`` counts what it relayed: ``notes``,
     ``note_bytes``, ``notes_dropped``), or None when the call's budget is spent.
@@ -154,8 +163,6 @@ def within_budget(slot: Any, msg: Any, size: int, limits: wire.Limits, plugin: s
     ``max_output_bytes``; one over ``max_notification_bytes`` is truncated. Beyond the budget
     notifications are dropped (the reader keeps draining, so nothing piles up) and the log says so
     once per call. Shared by worker pools and hosted servers."""
-    from runtime.logs import log
-
     if size > limits.max_notification_bytes:
         if type(msg) is wire.Log:
             msg = truncate_log(msg, size, limits.max_notification_bytes)

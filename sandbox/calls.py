@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import resource
 import time
 import traceback
 from typing import Any
@@ -38,13 +39,30 @@ def _to_content(value: Any) -> list[dict[str, Any]]:
     return [{"type": "text", "text": _json.encode(value).decode()}]
 
 
+#: The calling thread's own counts where the system has them (a worker's helper threads block all the time).
+_RUSAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
 def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: Any = None) -> Result:
     """Run one call and build its result, timed (``Result.run_ns``). Never raises.
     ``exchange(requests) -> responses`` sends an ``Ask`` round and blocks for its ``Answer`` (None:
     this call cannot ask)."""
+    before = resource.getrusage(_RUSAGE)
     started = time.perf_counter_ns()
     result = _run_call(tools, call, send, exchange)
-    return msgspec.structs.replace(result, run_ns=time.perf_counter_ns() - started)
+    run_ns = time.perf_counter_ns() - started
+    return msgspec.structs.replace(result, run_ns=run_ns, blocked_ns=blocked_ns(before, run_ns))
+
+
+def blocked_ns(before: resource.struct_rusage, run_ns: int) -> int:
+    """Of ``run_ns`` just spent on a call, how long it was blocked: the time it was off the CPU when it
+    gave the CPU up itself at least once (a sleep, I/O, a question to its client); 0 when it only ever
+    lost the CPU to others (waiting for a core is not being blocked: more workers would not help)."""
+    after = resource.getrusage(_RUSAGE)
+    if after.ru_nvcsw == before.ru_nvcsw:
+        return 0
+    cpu_ns = int((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1e9)
+    return max(0, run_ns - cpu_ns)
 
 
 def _run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: Any) -> Result:

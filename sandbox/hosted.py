@@ -1,6 +1,6 @@
 """The worker side of a hosted MCP server: isolate, then run the server's own executable.
 
-A plugin of kind "server" (``runtime.hosted``) is an existing MCP server (a Node or Python program,
+A plugin of kind "server" (``runtime.execution.hosted``) is an existing MCP server (a Node or Python program,
 any executable) rather than code written for ``sandbox.api``. Its worker starts exactly like every
 other worker -- ``Init`` over the IPC fd, every isolation layer applied by ``sandbox.isolation`` --
 and then, instead of importing a plugin, comes here:

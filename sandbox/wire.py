@@ -237,6 +237,10 @@ class Result(msgspec.Struct, tag="result", frozen=True, array_like=True):
     #: How long the worker took over the call (arguments in, tool, result built), in ns: the
     #: daemon's metrics split a call's time into queue, channel and worker with it.
     run_ns: int = 0
+    #: Of ``run_ns``, the time the call spent blocked (sleeping, waiting on I/O or on its client), not
+    #: running or waiting for a CPU: the pool sizes itself by it (``runtime.execution.pool``). An
+    #: estimate, and the plugin's word: it can only move the pool within ``max_concurrency``.
+    blocked_ns: int = 0
 
 
 class CallReturned(msgspec.Struct, tag="returned", frozen=True, array_like=True):

@@ -12,10 +12,24 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def imported_modules(path: Path) -> set[str]:
+def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    """The import nodes under ``if TYPE_CHECKING:`` (names for annotations, never loaded)."""
+    nodes: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.body:
+                nodes.update(ast.walk(child))
+    return nodes
+
+
+def imported_modules(path: Path, at_run_time: bool = False) -> set[str]:
+    """Every module ``path`` imports; ``at_run_time``: not those imported for annotations only."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    skip = _type_checking_only(tree) if at_run_time else set()
     found: set[str] = set()
     for node in ast.walk(tree):
+        if node in skip:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -91,12 +105,15 @@ def _module_name(path: Path) -> str:
 
 def test_the_protocol_package_is_closed_it_imports_nothing_else_of_the_daemon() -> None:
     """Sans-io and self-contained: ``runtime.protocol`` may use only itself, the shared ``sandbox.wire``
-    vocabulary and ``runtime``'s version string, so it can be read and tested on its own."""
+    vocabulary and ``runtime``'s version string, so it can be read and tested on its own. Only the
+    seam's type (``runtime.execution.runner``, what runs a tool's calls) may be named, for annotations."""
     files = sources("runtime", "protocol")
     for path in files:
-        for module in imported_modules(path):
+        for module in imported_modules(path, at_run_time=True):
             if module == "runtime" or module.startswith("runtime.") and not module.startswith("runtime.protocol"):
                 assert module == "runtime", (path, module)
+        for module in imported_modules(path) - imported_modules(path, at_run_time=True):
+            assert module == "runtime.execution.runner" or module.startswith("runtime.protocol"), (path, module)
     assert "import" not in (REPO / "runtime" / "__init__.py").read_text(encoding="utf-8")
 
 

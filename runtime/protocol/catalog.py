@@ -16,12 +16,15 @@ import hashlib
 import bisect
 import binascii
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 
 import msgspec
 
 from runtime.protocol import eras
 from runtime.protocol.schemas import CheckedTool
+
+if TYPE_CHECKING:  # the seam's type only: the protocol package imports nothing of the daemon at run time
+    from runtime.execution.runner import Runner
 
 _encoder = msgspec.json.Encoder()
 DEFAULT_PAGE_SIZE = 100
@@ -35,8 +38,9 @@ class ToolEntry:
     plugin: str
     local_name: str
     checked: CheckedTool
-    #: Opaque handle of whatever runs calls for this tool (the plugin's worker pool).
-    runner: Any = None
+    #: What runs calls for this tool (the plugin's worker pool or hosted server); None only in tests
+    #: of the protocol core, which never run a call.
+    runner: Runner = cast("Runner", None)
     _encoded: dict[str, bytes] = field(default_factory=dict)
 
     def encoded(self, version: str) -> bytes:

@@ -68,6 +68,7 @@ def endpoint_url(sock: socket.socket, path: str) -> str:
 
 
 def hypercorn_config(cfg: HttpConfig, sockets: list[socket.socket]) -> Any:
+    # Lazy: hypercorn loads only when it serves (the default engine is h1).
     import logging
 
     from hypercorn.config import Config as HyperConfig
@@ -152,11 +153,13 @@ async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int]
 
             async def run(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
                 if cfg.engine == "hypercorn":
+                    # Lazy: only the configured engine is loaded.
                     import hypercorn.trio
 
                     await hypercorn.trio.serve(cast(Any, app), hypercorn_config(cfg, sockets), shutdown_trigger=trigger,
                                                task_status=task_status)
                 else:
+                    # Lazy: only the configured engine is loaded.
                     from runtime.transports.h1 import H1Server
 
                     await H1Server(app, cfg).serve(sockets, trigger, task_status=task_status)

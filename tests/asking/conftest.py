@@ -13,7 +13,7 @@ for folder in (TESTS / "asking", TESTS / "runtime", TESTS / "http"):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
-from fake_workers import SOCKETS  # noqa: E402 (needs the path above)
+from fake_pool import KILLED, SOCKETS  # noqa: E402 (needs the path above)
 
 
 @pytest.fixture(autouse=True)
@@ -24,11 +24,8 @@ def _close_fake_worker_sockets() -> Iterator[None]:
 
 
 @pytest.fixture
-def no_kills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """``kill_tree`` records instead of killing (a fake worker's pid is nobody's); the pids it got."""
-    import runtime.workers as workers
-
-    killed: list[int] = []
-    monkeypatch.setattr(workers, "kill_tree", killed.append)
-    monkeypatch.setattr(workers, "sweep_orphans", lambda: None)
-    return killed
+def no_kills() -> Iterator[list[int]]:
+    """The pids of the fake workers the pool killed (a fake's kill only records it)."""
+    KILLED.clear()
+    yield KILLED
+    KILLED.clear()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from fake_workers import fake_worker
+from fake_pool import fake_pool, socket_worker
 from stdio_peer import open_toolcell, text_of
 
 from sandbox import wire
@@ -115,20 +115,13 @@ async def _send(sock: Any, msg: Any) -> None:
 
 async def test_the_pool_takes_back_batched_calls_and_the_stubs_take_the_cancelled_results(
         tmp_path: Path, autojump_clock: trio.testing.MockClock, no_kills: list[int]) -> None:
-    from runtime.manifest import Manifest
-    from runtime.processes import PoolSpec
-    from runtime.workers import WorkerPool
-
     limits = wire.Limits(timeout_s=5, ask_timeout_s=100, max_concurrency=2)
     done: list[Any] = []
     async with trio.open_nursery() as nursery:
-        pool = WorkerPool(PoolSpec(Manifest(name="fake", version="1", entry="fake", limits=limits),
-                                   str(tmp_path), "none", str(tmp_path)), nursery)
-        busy, busy_sock = fake_worker(pool, tmp_path)
-        other, other_sock = fake_worker(pool, tmp_path)
-        nursery.start_soon(pool._watchdog)
-        nursery.start_soon(pool._read_loop, busy)
-        nursery.start_soon(pool._read_loop, other)
+        pool = fake_pool(nursery, tmp_path, limits)
+        busy, busy_sock = socket_worker(pool, tmp_path)
+        other, other_sock = socket_worker(pool, tmp_path)
+        pool.watchdog.start(nursery)
         events: list[Any] = []
         head = pool.new_slot("ask", {}, False, -1, events.append, done.append)
         behind = [pool.new_slot("fast", {"i": i}, False, -1, None, done.append) for i in range(3)]

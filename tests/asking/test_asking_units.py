@@ -19,7 +19,8 @@ import pytest
 import trio
 import trio.testing
 
-from fake_workers import fake_worker
+from fake_pool import fake_pool, socket_worker
+
 from runtime.mrtr import load_state_key
 from runtime.protocol import eras
 from runtime.protocol.request_state import (
@@ -444,18 +445,13 @@ def test_what_cannot_be_asked_is_a_type_error() -> None:
 
 async def _pool_with_one_call(nursery: trio.Nursery, tmp_path: Path, limits: wire.Limits) -> tuple[Any, Any, Any]:
     """A pool whose one (fake) worker runs one call; returns (pool, slot, the worker's end of the socket)."""
-    from runtime.manifest import Manifest
-    from runtime.processes import PoolSpec
-    from runtime.workers import WorkerPool
-
-    manifest = Manifest(name="fake", version="1", entry="fake", limits=limits)
-    pool = WorkerPool(PoolSpec(manifest, str(tmp_path), "none", str(tmp_path)), nursery)
-    worker, theirs = fake_worker(pool, tmp_path)
+    pool = fake_pool(nursery, tmp_path, limits)
+    worker, theirs = socket_worker(pool, tmp_path)
     events: list[Any] = []
     slot = pool.new_slot("t", {}, False, -1, events.append, lambda s: None)
     pool.in_flight += 1
     pool._dispatch(worker, [slot])
-    nursery.start_soon(pool._watchdog)
+    pool.watchdog.start(nursery)
     await trio.testing.wait_all_tasks_blocked()  # the watchdog sleeps until the running call's deadline
     return pool, slot, theirs
 
@@ -483,7 +479,7 @@ async def test_a_question_times_out_after_ask_timeout_s_even_when_the_call_has_l
         buf = bytearray()
         assert type(await _next_frame(sock, buf)) is wire.Call
         asked_at = trio.current_time()
-        pool._ask(slot, _ask(slot))
+        pool.ask(slot, _ask(slot))
         answer = await _next_frame(sock, buf)
         waited = trio.current_time() - asked_at
         nursery.cancel_scope.cancel()
@@ -499,7 +495,7 @@ async def test_the_call_deadline_stops_while_it_waits_and_resumes_with_what_was_
         assert type(await _next_frame(sock, buf)) is wire.Call
         start = trio.current_time()
         await trio.sleep(0.75)
-        pool._ask(slot, _ask(slot))
+        pool.ask(slot, _ask(slot))
         await trio.sleep(10)  # far past the call's own deadline: it waits for its answer, not killed
         assert not slot.finished and slot.asking is not None and not no_kills
         answered_at = trio.current_time()
@@ -523,7 +519,7 @@ async def test_a_question_times_out_at_ask_timeout_s_when_that_is_later_than_the
         buf = bytearray()
         await _next_frame(sock, buf)
         asked_at = trio.current_time()
-        pool._ask(slot, wire.Ask(slot.call.id, [wire.InputRequest("a", "roots/list", {}),
+        pool.ask(slot, wire.Ask(slot.call.id, [wire.InputRequest("a", "roots/list", {}),
                                                 wire.InputRequest("b", "sampling/createMessage", SAMPLE)]))
         answer = await _next_frame(sock, buf)
         waited = trio.current_time() - asked_at
@@ -540,7 +536,7 @@ async def test_a_partial_answer_fills_the_rest_with_the_missing_outcome(
         pool, slot, sock = await _pool_with_one_call(nursery, tmp_path, wire.Limits(timeout_s=5, ask_timeout_s=5))
         buf = bytearray()
         await _next_frame(sock, buf)
-        pool._ask(slot, wire.Ask(slot.call.id, [wire.InputRequest("a", "roots/list", {}),
+        pool.ask(slot, wire.Ask(slot.call.id, [wire.InputRequest("a", "roots/list", {}),
                                                 wire.InputRequest("b", "roots/list", {})]))
         assert pool.answer(slot, [wire.InputResponse("b", "result", {"roots": []}),
                                   wire.InputResponse("zzz", "result", {})], "cancelled", "went away")

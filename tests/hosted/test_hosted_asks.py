@@ -1,7 +1,7 @@
 """A hosted MCP server's questions during a call reach the client that made the call.
 
 A server that asks (``elicitation/create`` during ``tools/call``) is answered by toolcell's client,
-through the same path as a plugin's questions (``runtime.hosted.HostedRunner.ask``): a legacy client
+through the same path as a plugin's questions (``runtime.execution.hosted.HostedRunner.ask``): a legacy client
 gets our request on the call's stream and its answer goes back to the server; a client that did not
 declare elicitation makes the server hear an error, and the call still completes.
 """

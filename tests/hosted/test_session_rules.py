@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import gc
+import socket
 import json
 from types import SimpleNamespace
 from typing import Any
 
 import trio
 
-from runtime import hosted
-from runtime.hosted import Group, HostedRunner
-from runtime.hosted_session import Instance
+from runtime.execution import hosted
+from runtime.execution.child import ChildProcess
+from runtime.execution.hosted import Group, HostedRunner
+from runtime.execution.hosted_session import Instance
 from runtime.protocol.errors import WorkerFailure
 from sandbox import wire
 
@@ -43,8 +45,10 @@ async def test_a_servers_stderr_stays_with_its_own_instance() -> None:
     leaves nothing behind, and a later instance (maybe at the same address) never shows it."""
     runner = StubRunner()
     first = Instance(runner, None)  # type: ignore[arg-type]
-    first.proc = SimpleNamespace(stderr=FakeStderr([b"alice's secret token\n"]))  # type: ignore[assignment]
-    await first._pump_stderr()
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        first.child = ChildProcess(SimpleNamespace(pid=2 ** 22 + 7, returncode=None), ours, "/nonexistent")  # type: ignore[arg-type]
+        await first.child._pump_output(FakeStderr([b"alice's secret token\n"]))  # type: ignore[arg-type]
     assert "alice's secret token" in first._tail()
     old = id(first)
     del first

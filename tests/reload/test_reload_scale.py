@@ -19,7 +19,7 @@ import runtime.daemon
 import runtime.fingerprints
 from runtime.config import Config
 from runtime.daemon import open_daemon
-from runtime.workers import WorkerPool
+from runtime.execution.pool import WorkerPool
 
 PLUGINS = 200
 

@@ -23,7 +23,7 @@ from sandbox_harness import Worker, text_of, write_plugin
 from runtime.manifest import Manifest
 from runtime.processes import PoolSpec
 from runtime.protocol.errors import WorkerFailure
-from runtime.workers import WorkerPool
+from runtime.execution.pool import WorkerPool
 from sandbox import zygote
 from sandbox.wire import CancelCall, Limits, encode_frame
 

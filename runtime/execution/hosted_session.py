@@ -1,4 +1,4 @@
-"""One hosted server process and the daemon's MCP session with it (``runtime.hosted`` runs the calls).
+"""One hosted server process and the daemon's MCP session with it (``runtime.execution.hosted`` runs the calls).
 
 How this works:
 
@@ -17,7 +17,7 @@ How this works:
   running at the server (stdio carries no other link; ``Instance._owner``). Requests
   from the server: ``ping`` is answered; ``elicitation/create``, ``sampling/createMessage`` and
   ``roots/list`` made while exactly one call runs here (as above) are that call's questions, asked of its
-  client like a plugin's (``runtime.hosted.HostedRunner.ask``: to a legacy client as our requests,
+  client like a plugin's (``runtime.execution.hosted.HostedRunner.ask``: to a legacy client as our requests,
   to a 2026-07-28 one as ``input_required``) and answered back; everything else "method not found".
 * ``cancel`` sends ``notifications/cancelled`` and then requires a ``ping`` answer within the
   server's ``cancel_grace_s``, or ends the instance. The cancelled id is remembered (at most
@@ -31,37 +31,24 @@ How this works:
 
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
-import signal
 import math
-import tempfile
+import os
 import time
 from typing import Any, Callable, Protocol, cast
 
 import msgspec
 import trio
 
-from runtime import egress, worker_frames
+from runtime import __version__, worker_frames
 from runtime.egress_rules import Grant
+from runtime.execution.child import ChildProcess, WriteQueue, explain_exit, spawn_child
+from runtime.execution.runner import CallSlot, PluginLoadError
 from runtime.logs import log
-from runtime.processes import (
-    LIVE_WORKER_PIDS,
-    LIVE_WORKER_TOKENS,
-    SPAWNED,
-    WORKER_SYS_PATH,
-    PoolSpec,
-    kill_tree,
-    spawn_process,
-    sweep_orphans,
-)
+from runtime.processes import WORKER_SYS_PATH, PoolSpec
 from runtime.protocol.errors import InternalError, InvalidParams, MethodNotFound, WorkerFailure, error_object
 from runtime.server_spec import ServerSpec
 from runtime.worker_frames import FrameRejected
-from runtime.workers import PluginLoadError, Worker
 from sandbox import wire
-from sandbox.isolation import cgroups
 
 PROTOCOL_VERSION = "2025-11-25"
 #: What toolcell, as the hosted server's client, offers it: its calls' questions are passed on to the
@@ -88,12 +75,14 @@ RELIST_MAX_S = 30.0
 #: at least after the cancellation (else ``cancel_grace_s``).
 MAX_CANCELLED = 256
 CANCELLED_MIN_S = 1.0
+#: After the process exits, how long the reader has to see the last answers on its stdout.
+EXIT_SETTLE_S = 0.2
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 
-class Runner(Protocol):
-    """What an instance needs of the runner that owns it (``runtime.hosted.HostedRunner``)."""
+class InstanceOwner(Protocol):
+    """What an instance needs of the runner that owns it (``runtime.execution.hosted.HostedRunner``)."""
 
     spec: PoolSpec
     server: ServerSpec
@@ -106,12 +95,12 @@ class Runner(Protocol):
     max_line_bytes: int
     layers: list[str]
 
-    def complete(self, slot: Any) -> None: ...
-    def relay(self, slot: Any, frame: Any, size: int) -> None: ...
+    def complete(self, slot: CallSlot) -> None: ...
+    def relay(self, slot: CallSlot, frame: Any, size: int) -> None: ...
     def instance_ended(self, instance: Instance, error: WorkerFailure) -> None: ...
     def tools_listed(self, instance: Instance, tools: list[wire.ToolSpec]) -> None: ...
     def wake_watchdog(self, deadline: float) -> None: ...
-    def ask(self, slot: Any, instance: Instance, server_id: Any, method: str, params: dict[str, Any]) -> None: ...
+    def ask(self, slot: CallSlot, instance: Instance, server_id: Any, method: str, params: dict[str, Any]) -> None: ...
 
 
 def _tool_spec(raw: Any) -> wire.ToolSpec:
@@ -165,30 +154,23 @@ def _text(text: str, limit: int = 2000) -> str:
 class Instance:
     """One server process and the MCP session with it."""
 
-    def __init__(self, runner: Runner, group: Any) -> None:
+    def __init__(self, runner: InstanceOwner, group: Any) -> None:
         self.runner = runner
         self.group = group
-        self.proc: trio.Process | None = None
-        self.ipc: Worker | None = None
+        #: The sandboxed process (its supervisor's pid; the server inside has ``server_pid``).
+        self.child: ChildProcess | None = None
         self.pid = 0
         self.server_pid = 0
-        self.token = ""
-        self.scratch = ""
-        self.pending: dict[int, Any] = {}
-        self.progress_tokens: dict[int, Any] = {}
+        self.pending: dict[int, CallSlot] = {}
+        self.progress_tokens: dict[int, CallSlot] = {}
         self.waiters: dict[int, Callable[[Any], None]] = {}
         self.next_id = 0
         self.dead = False
         self.ready = False
         self.started_at = 0.0
-        self.out: list[bytes] = []
-        self.out_bytes = 0
-        #: The server's stdin (non-blocking, as trio set it up), written directly when nothing is queued.
-        self.stdin_fd = -1
-        self.writing = False
-        self.out_wake = trio.Event()
+        #: Writes to the server's stdin (set up once the sandbox is Ready).
+        self.stdin: WriteQueue | None = None
         self.exited = trio.Event()
-        self.egress: trio.CancelScope | None = None
         self.logged = 0
         self.checking = False
         self.relisting = False
@@ -203,44 +185,31 @@ class Instance:
         self.cancelled: dict[int, float] = {}
         self.failure: WorkerFailure | None = None
         self.server_info: dict[str, Any] = {}
-        #: The last 4 KiB this server wrote to stderr (for a start failure's message).
-        self.stderr_tail = b""
 
     # -- start-up ------------------------------------------------------------------------------
 
     async def start(self) -> list[wire.ToolSpec]:
         """Start the sandboxed process, do the MCP handshake and list the tools. Raises ``PluginLoadError``."""
         runner = self.runner
-        spec = runner.spec
-        os.makedirs(spec.state_dir, mode=0o711, exist_ok=True)
-        self.scratch = tempfile.mkdtemp(prefix=f"{os.getpid()}~{runner.name}-", dir=spec.state_dir)
-        self.token = secrets.token_hex(8)
-        LIVE_WORKER_TOKENS.add(self.token)
-        env = spec.env(self.token)
-        env.setdefault("HOME", self.scratch)
-        env.setdefault("TMPDIR", "/tmp")
-        try:
-            self.proc, raw = await spawn_process(env, self.scratch, piped=True)
-        except OSError as exc:
-            LIVE_WORKER_TOKENS.discard(self.token)
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            raise PluginLoadError("spawn", f"could not start a worker: {exc}") from None
-        self.pid = self.proc.pid
-        LIVE_WORKER_PIDS.add(self.pid)
-        self.ipc = Worker(self.proc, raw, self.scratch, wire.MAX_FRAME_BYTES)
-        runner.nursery.start_soon(self._watch)
+        child, env, _ = await spawn_child(runner.spec, piped=True, home=True)
+        self.child = child
+        self.pid = child.pid
+        self.exited = child.exited
+        proc = child.proc
+        # The server's stderr is its log (capped); its stdout is the MCP channel (``_read_loop``).
+        runner.nursery.start_soon(child.watch, proc.stderr, self._exited, EXIT_SETTLE_S)
         try:
             with trio.fail_after(runner.server.start_timeout_s):
                 ready = await self._sandbox(env)
-                self.server_pid = ready.pid
-                assert self.proc.stdin is not None
-                self.stdin_fd = int(cast(Any, self.proc.stdin).fileno())  # a trio FdStream over the pipe
-                runner.nursery.start_soon(self._write_loop)
+                self.server_pid = child.log_pid = ready.pid
+                assert proc.stdin is not None
+                stdin_fd = int(cast(Any, proc.stdin).fileno())  # a trio FdStream over the pipe (non-blocking)
+                self.stdin = WriteQueue(stdin_fd, lambda data: os.write(stdin_fd, data), MAX_UNREAD_INPUT)
+                runner.nursery.start_soon(self.stdin.serve, self._input_broken)
                 runner.nursery.start_soon(self._read_loop)
-                runner.nursery.start_soon(self._pump_stderr)
                 init = await self.request("initialize", {
                     "protocolVersion": PROTOCOL_VERSION, "capabilities": CLIENT_CAPABILITIES,
-                    "clientInfo": {"name": "toolcell", "version": _version()}})
+                    "clientInfo": {"name": "toolcell", "version": str(__version__)}})
                 self._check_initialize(init)
                 self.notify("notifications/initialized", None)
                 tools = await self.list_tools()
@@ -271,39 +240,19 @@ class Instance:
         return None
 
     def _tail(self) -> str:
-        tail = self.stderr_tail.decode("utf-8", "replace").strip()
+        tail = self.child.tail() if self.child is not None else ""
         return f"; it printed: {_text(tail[-1500:])}" if tail else ""
 
     async def _sandbox(self, env: dict[str, str]) -> wire.Ready:
         """Send ``Init`` and wait for the sandbox's ``Ready`` (with the egress socket, if granted)."""
-        from runtime.policy import EGRESS_LAYER, check_layers
-
         runner = self.runner
+        child = self.child
+        assert child is not None
         m = runner.spec.manifest
-        ipc = self.ipc
-        assert ipc is not None
         init = wire.Init(plugin_name=m.name, plugin_dir=runner.spec.plugin_dir, entry="", sys_path=WORKER_SYS_PATH,
                          env=env, limits=m.limits, permissions=runner.spec.permissions(), policy=runner.spec.policy,
-                         scratch_dir=self.scratch, command=list(runner.argv), command_read=list(runner.command_read))
-        if not ipc.write(wire.encode_frame(init)):
-            raise WorkerFailure("crashed", "the worker process exited unexpectedly")
-        try:
-            msg = await ipc.read_message(with_fds=True)
-            if isinstance(msg, wire.EgressListener):
-                self.egress = egress.start_proxy(runner.nursery, runner.grant, runner.name, self.pid, ipc.fds, msg.port,
-                                                 self.egress is not None, runner.spec.secrets)
-                msg = await ipc.read_message(with_fds=True)
-        finally:
-            ipc.close_fds()
-        if isinstance(msg, wire.LoadFailed):
-            raise PluginLoadError(msg.stage, msg.error)
-        if not isinstance(msg, wire.Ready):
-            raise PluginLoadError("start", "the worker sent something other than Ready")
-        if EGRESS_LAYER in msg.layers and self.egress is None:
-            raise PluginLoadError("isolation", "the worker reported an egress proxy but handed over no socket")
-        problem = check_layers(runner.spec.policy, msg.layers, msg.missing, runner.name, network=bool(runner.grant))
-        if problem:
-            raise PluginLoadError("isolation", problem)
+                         scratch_dir=child.scratch, command=list(runner.argv), command_read=list(runner.command_read))
+        msg = await child.handshake(init, runner.nursery, runner.spec, runner.grant)
         self.runner.layers = list(msg.layers)
         return msg
 
@@ -350,26 +299,17 @@ class Instance:
     def send(self, obj: dict[str, Any]) -> None:
         """Write one message now if the pipe takes it (no task switch on the hot path), else queue it
         for the writer task."""
-        if self.dead:
+        stdin = self.stdin
+        if self.dead or stdin is None:
             return
-        data = _encode(obj) + b"\n"
-        if not self.out and not self.writing and self.stdin_fd >= 0:
-            try:
-                sent = os.write(self.stdin_fd, data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                self.fail(WorkerFailure("crashed", "the server closed its input"))
-                return
-            if sent == len(data):
-                return
-            data = data[sent:]
-        self.out.append(data)
-        self.out_bytes += len(data)
-        if self.out_bytes > MAX_UNREAD_INPUT:
-            self.fail(WorkerFailure("unavailable", "the server stopped reading its input"))
-            return
-        self.out_wake.set()
+        if not stdin.write(_encode(obj) + b"\n"):
+            if stdin.full:
+                self.fail(WorkerFailure("unavailable", "the server stopped reading its input"))
+            else:
+                self._input_broken()
+
+    def _input_broken(self) -> None:
+        self.fail(WorkerFailure("crashed", "the server closed its input"))
 
     def notify(self, method: str, params: Any) -> None:
         msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
@@ -404,26 +344,27 @@ class Instance:
             raise ValueError(f"{method}: the server answered with an error: {_error_text(msg['error'])}")
         return msg.get("result")
 
-    def call(self, slot: Any) -> None:
+    def call(self, slot: CallSlot) -> None:
         request_id = self._new_id()
         slot.request_id = request_id
         slot.instance = self
         self.pending[request_id] = slot
-        params: dict[str, Any] = {"name": slot.tool, "arguments": slot.arguments}
-        if slot.progress:
+        call = slot.call
+        params: dict[str, Any] = {"name": call.tool, "arguments": call.arguments}
+        if call.progress:
             params["_meta"] = {"progressToken": request_id}
             self.progress_tokens[request_id] = slot
-        if slot.trace:  # the call's span: the server's own spans join the trace (MCP's _meta.traceparent)
-            params.setdefault("_meta", {})["traceparent"] = slot.trace
+        if call.traceparent:  # the call's span: the server's own spans join the trace (MCP's _meta.traceparent)
+            params.setdefault("_meta", {})["traceparent"] = call.traceparent
         slot.deadline = trio.current_time() + self.runner.limits.timeout_s
         self.runner.wake_watchdog(slot.deadline)
         self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
 
-    def forget(self, slot: Any) -> None:
+    def forget(self, slot: CallSlot) -> None:
         self.pending.pop(slot.request_id, None)
         self.progress_tokens.pop(slot.request_id, None)
 
-    def cancel(self, slot: Any, reason: str) -> None:
+    def cancel(self, slot: CallSlot, reason: str) -> None:
         """Stop ``slot`` at the server; the server must then show it is still responsive. Until its late
         answer comes (or a while passes), what the server asks or logs may still be that call's."""
         self.forget(slot)
@@ -452,29 +393,10 @@ class Instance:
         finally:
             self.checking = False
 
-    async def _write_loop(self) -> None:
-        proc = self.proc
-        assert proc is not None and proc.stdin is not None
-        stdin = proc.stdin
-        try:
-            while not self.dead:
-                await self.out_wake.wait()
-                self.out_wake = trio.Event()
-                while self.out and not self.dead:
-                    data = b"".join(self.out)
-                    self.out.clear()
-                    self.writing = True
-                    try:
-                        await stdin.send_all(data)
-                    finally:
-                        self.writing = False
-                    self.out_bytes -= len(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            self.fail(WorkerFailure("crashed", "the server closed its input"))
-
     async def _read_loop(self) -> None:
-        proc = self.proc
-        assert proc is not None and proc.stdout is not None
+        assert self.child is not None
+        proc = self.child.proc
+        assert proc.stdout is not None
         stdout = proc.stdout
         limit = self.runner.max_line_bytes
         buf = bytearray()
@@ -693,56 +615,14 @@ class Instance:
         if self.logged >= MAX_LOGGED:
             log("hosted_server_output_capped", level="warning", plugin=self.runner.name, cap_bytes=MAX_LOGGED)
 
-    async def _pump_stderr(self) -> None:
-        proc = self.proc
-        assert proc is not None and proc.stderr is not None
-        logged = 0
-        try:
-            while True:
-                chunk = await proc.stderr.receive_some(65536)
-                if not chunk:
-                    break
-                self.stderr_tail = (self.stderr_tail + chunk)[-4096:]
-                if logged < MAX_LOGGED:
-                    logged += len(chunk)
-                    log("plugin_output", plugin=self.runner.name, pid=self.server_pid,
-                        output=chunk[:MAX_LOGGED].decode("utf-8", "replace").rstrip("\n"))
-                    if logged >= MAX_LOGGED:
-                        log("plugin_output_capped", plugin=self.runner.name, pid=self.server_pid, cap_bytes=MAX_LOGGED)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-
     # -- the end -------------------------------------------------------------------------------
 
     def _exit_failure(self) -> WorkerFailure:
-        proc = self.proc
-        code = proc.returncode if proc is not None else None
-        limits = self.runner.limits
-        try:
-            events = cgroups.limit_events(self.pid)
-        except Exception:  # noqa: BLE001 (best effort)
-            events = {}
-        if events.get("oom_kill"):
-            return WorkerFailure("memory", f"the server ran out of memory (its limit is {limits.memory_mb} MB) "
-                                           "and was killed; it is being restarted")
-        if events.get("pids_max") and code is not None and code != 0:
-            return WorkerFailure("processes", f"the server hit its limit of {limits.max_processes} processes and "
-                                              "threads and was killed; it is being restarted")
-        if code is None:
-            what = "the server process stopped answering"
-        elif code > 128 and code - 128 < 65:
-            try:
-                what = f"the server process was killed by {signal.Signals(code - 128).name}"
-            except ValueError:
-                what = f"the server process exited with status {code}"
-        elif code < 0:
-            try:
-                what = f"the server process was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                what = f"the server process exited with status {code}"
-        else:
-            what = f"the server process exited with status {code}"
-        return WorkerFailure("crashed", f"{what}; it is being restarted")
+        code = self.child.proc.returncode if self.child is not None else None
+        # The supervisor (``sandbox.hosted``) exits with 128 + N when its server was killed by signal N.
+        failure = explain_exit(code, self.pid, self.runner.limits, "the server process", shell_status=True)
+        return WorkerFailure(failure.kind, f"the server {failure.message}; it is being restarted"
+                             if failure.kind != "crashed" else f"{failure.message}; it is being restarted")
 
     def fail(self, error: WorkerFailure) -> None:
         """End this instance: its running calls get ``error``; waiters wake; the process tree dies."""
@@ -760,51 +640,25 @@ class Instance:
         for waiter in list(self.waiters.values()):
             waiter(error)
         self.waiters.clear()
-        self.out_wake.set()
         self.runner.instance_ended(self, error)
 
     def kill(self) -> None:
         self.dead = True
-        self.stdin_fd = -1
-        if self.pid:
-            kill_tree(self.pid)
-        LIVE_WORKER_TOKENS.discard(self.token)
-        if self.egress is not None:
-            self.egress.cancel()
-        if self.ipc is not None:
-            self.ipc.dead = True
-            try:
-                self.ipc.raw.close()
-            except OSError:
-                pass
+        if self.stdin is not None:
+            self.stdin.close()
+        if self.child is not None:
+            self.child.kill()
 
-    async def _watch(self) -> None:
-        proc = self.proc
-        assert proc is not None
-        try:
-            with trio.CancelScope(shield=True):
-                await proc.wait()
-        finally:
-            self.exited.set()
-            if not self.dead:
-                with trio.move_on_after(0.5):
-                    await trio.sleep(0.2)  # let the reader see EOF and the last answers first
-                self.fail(self._exit_failure())
-            LIVE_WORKER_PIDS.discard(self.pid)
-            SPAWNED.pop(self.pid, None)
-            sweep_orphans()
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(cgroups.cleanup, self.pid)
-                for stream in (proc.stdin, proc.stdout, proc.stderr):
-                    if stream is not None:
-                        await stream.aclose()
-            shutil.rmtree(self.scratch, ignore_errors=True)
+    def _exited(self) -> None:
+        """The process exited (``ChildProcess.watch``): a live instance ends with the reason."""
+        if not self.dead:
+            self.fail(self._exit_failure())
 
     @property
     def load(self) -> int:
         return len(self.pending)
 
-    def _owner(self) -> Any:
+    def _owner(self) -> CallSlot | None:
         """The one call a server's request or log can belong to, or None: stdio carries no link, so only
         when exactly one call runs here and no cancelled call may still be running at the server."""
         if self.cancelled:
@@ -832,7 +686,3 @@ def _error_text(error: Any) -> str:
     return "(malformed error)"
 
 
-def _version() -> str:
-    from runtime import __version__
-
-    return str(__version__)

@@ -12,7 +12,7 @@ How this works:
   multiplexes, times out and relays; a client in the worker would add a second hop, a second decode of
   every message and a process of its own, and would be no more trusted than the server beside it.
 * Everything the server writes is untrusted: the session with each process
-  (``runtime.hosted_session.Instance``) checks every line before anything uses it.
+  (``runtime.execution.hosted_session.Instance``) checks every line before anything uses it.
 * Calls: ``tools/call`` with a fresh id (and a progress token when the client asked for progress),
   at most ``limits.max_concurrency`` in flight per instance, the rest queued (``max_queue``, then
   "busy"). Progress is relayed within the call's budget; a log message is relayed to the call it
@@ -21,7 +21,7 @@ How this works:
   server (``notifications/cancelled``); a client's cancellation is forwarded the same way. The server
   must then answer a ``ping`` within ``cancel_grace_s``, or it is restarted.
 * ``notifications/tools/list_changed`` makes the runner list the tools again (rate-limited, see
-  ``runtime.hosted_session``) and tell the daemon. The catalog is the shared group's listing: a
+  ``runtime.execution.hosted_session``) and tell the daemon. The catalog is the shared group's listing: a
   principal's instance listing other tools is logged and changes nothing anyone sees.
 * An instance that exits or breaks fails its running calls ("the server ... exited"), is logged and
   started again with backoff; queued calls wait for it. ``instances`` > 1 spreads calls over several
@@ -31,71 +31,25 @@ How this works:
 from __future__ import annotations
 
 import collections
-import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import trio
 
 from runtime import worker_frames
 from runtime.egress_rules import Grant
-from runtime.hosted_session import Instance
+from runtime.execution.hosted_session import Instance
+from runtime.execution.runner import CallsInFlight, CallSlot, EventSink, PluginLoadError
+from runtime.execution.watchdog import DeadlineWatchdog
 from runtime.logs import log
 from runtime.processes import PoolSpec
 from runtime.protocol.errors import InternalError, MethodNotFound, PoolBusy, WorkerFailure, error_object
 from runtime.worker_frames import FrameRejected
-from runtime.workers import PluginLoadError
 from sandbox import wire
 
 BACKOFF_MAX_S = 30.0
 #: An instance up this long has recovered: its restart backoff starts again from the shortest.
 STABLE_AFTER_S = 30.0
-
-
-class HostedSlot:
-    """One call on its way to a hosted server (the dispatcher's handle)."""
-
-    __slots__ = ("tool", "arguments", "progress", "log_level", "on_event", "on_done", "result", "error", "finished",
-                 "principal", "request_id", "instance", "deadline", "notes", "note_bytes", "notes_dropped", "asking",
-                 "asks", "run_left_s", "trace")
-
-    def __init__(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
-                 on_event: Callable[[Any], None] | None, on_done: Callable[[Any], None] | None,
-                 principal: str | None, trace: str = "") -> None:
-        self.tool = tool
-        #: The call's trace context (``runtime.tracing``), for the server's ``_meta.traceparent``.
-        self.trace = trace
-        self.arguments = arguments
-        self.progress = progress
-        self.log_level = log_level
-        self.on_event = on_event
-        self.on_done = on_done
-        self.result: wire.Result | None = None
-        self.error: WorkerFailure | None = None
-        self.finished = False
-        self.principal = principal
-        self.request_id = 0
-        self.instance: Instance | None = None
-        self.deadline = math.inf
-        self.notes = 0
-        self.note_bytes = 0
-        self.notes_dropped = 0
-        #: The server's question the call waits on: (our Ask, the server's request id, its instance).
-        self.asking: tuple[wire.Ask, Any, Any] | None = None
-        self.asks = 0
-        self.run_left_s = 0.0
-
-    def finish(self) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        on_done, self.on_done = self.on_done, None
-        self.on_event = None
-        if on_done is not None:
-            try:
-                on_done(self)
-            except Exception as exc:  # our bug; the runner keeps going
-                log("internal_error", level="error", where="hosted call completion", error=f"{type(exc).__name__}: {exc}")
 
 
 class Group:
@@ -105,13 +59,13 @@ class Group:
         self.key = key
         self.instances: list[Instance] = []
         self.starting = 0
-        self.queue: collections.deque[HostedSlot] = collections.deque()
+        self.queue: collections.deque[CallSlot] = collections.deque()
         self.failures = 0
         self.last_used = time.monotonic()
         self.last_error = ""
 
 
-class HostedRunner:
+class HostedRunner(CallsInFlight):
     """Runs the calls of one hosted server plugin (one version of it): see the module docstring."""
 
     def __init__(self, spec: PoolSpec, nursery: trio.Nursery, argv: list[str], command_read: list[str]) -> None:
@@ -125,8 +79,6 @@ class HostedRunner:
         self.argv = argv
         self.command_read = command_read
         self.grant = Grant.parse(manifest.permissions.network)
-        #: Read by ``runtime.calls``: calls carry their principal here.
-        self.per_principal = manifest.server.per_principal
         self.max_line_bytes = max(self.limits.max_output_bytes, self.limits.max_notification_bytes) + 65536
         self.groups: dict[str, Group] = {}
         self.closed = False
@@ -139,20 +91,20 @@ class HostedRunner:
         self.tools: list[wire.ToolSpec] = []
         #: Set by the daemon: the server listed different tools (``list_changed``).
         self.on_tools_changed: Callable[[list[wire.ToolSpec]], None] | None = None
-        self._drain: trio.Event | None = None
-        self._watch_wake = trio.Event()
-        self._watch_at = math.inf
-        self._watchdog_started = False
+        self.watchdog = DeadlineWatchdog(self._running, self._ask_timed_out, self._timed_out)
 
     # -- the pool interface (``runtime.calls``) --------------------------------------------------
 
     @property
-    def queue(self) -> list[HostedSlot]:
-        return [s for g in self.groups.values() for s in g.queue]
-
-    @property
     def workers(self) -> list[Instance]:
+        """The live instances, of every group."""
         return [i for g in self.groups.values() for i in g.instances if not i.dead]
+
+    def queued(self) -> int:
+        return sum(len(g.queue) for g in self.groups.values())
+
+    def alive(self) -> int:
+        return sum(1 for g in self.groups.values() for i in g.instances if not i.dead)
 
     async def start(self) -> wire.Ready:
         """Start the shared group's first instance (it lists the tools), then the rest in the background."""
@@ -161,21 +113,21 @@ class HostedRunner:
         first = Instance(self, group)
         self.tools = await first.start()
         group.instances.append(first)
-        if not self._watchdog_started:
-            self._watchdog_started = True
-            self.nursery.start_soon(self._watchdog)
+        self.watchdog.start(self.nursery)
         if not self.spec.describe_only:
             for _ in range(self.server.instances - 1):
                 self._spawn(group)
         return wire.Ready(first.server_pid, self.tools, layers=self.layers)
 
     def new_slot(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
-                 on_event: Callable[[Any], None] | None, on_done: Callable[[Any], None] | None = None,
-                 principal: str | None = None, trace: str = "") -> HostedSlot:
-        # ``arguments`` came from JSON and go back to JSON: nothing to check here.
-        return HostedSlot(tool, arguments, progress, log_level, on_event, on_done, principal, trace)
+                 on_event: EventSink | None, on_done: Callable[[CallSlot], None] | None = None,
+                 principal: str | None = None, trace: str = "") -> CallSlot:
+        # ``arguments`` came from JSON and go back to JSON: nothing to encode here. The principal
+        # matters only to a server with instances per principal.
+        return CallSlot(wire.Call(0, tool, arguments, progress, log_level, trace), on_event=on_event,
+                        on_done=on_done, principal=principal if self.server.per_principal else None)
 
-    def submit(self, slot: HostedSlot) -> None:
+    def submit(self, slot: CallSlot) -> None:
         if self.closed or self.retiring:
             raise WorkerFailure("unavailable", f"plugin {self.name} is shutting down")
         group = self._group(slot.principal)
@@ -189,17 +141,15 @@ class HostedRunner:
         group.queue.append(slot)
         self._dispatch(group)
 
-    def withdraw(self, slot: HostedSlot) -> None:
+    def withdraw(self, slot: CallSlot) -> None:
         """The client cancelled: nothing more is reported; a running call is cancelled at the server."""
-        if slot.finished:
+        if not slot.abandon():
             return
-        slot.on_done = None
-        slot.on_event = None
         instance = slot.instance
         if slot.asking is not None:
             # The server's question to this call's client stays unanswered no more: the server hears so.
-            _, server_id, asked = slot.asking
-            slot.asking = None
+            server_id, asked = slot.server_request
+            slot.asking = slot.server_request = None
             asked.send({"jsonrpc": "2.0", "id": server_id,
                         "error": error_object(InternalError("the call was cancelled by the client"))})
         if instance is not None and not instance.dead and slot.request_id in instance.pending:
@@ -216,40 +166,28 @@ class HostedRunner:
     def abort_all(self, reason: str) -> None:
         error = WorkerFailure("unavailable", reason)
         for group in self.groups.values():
-            while group.queue:
-                slot = group.queue.popleft()
-                slot.error = error
-                self.complete(slot)
+            self._fail_queue(group, error)
             for instance in list(group.instances):
                 instance.fail(error)
-
-    async def retire(self) -> None:
-        self.retiring = True
-        try:
-            while self.in_flight:
-                self._drain = trio.Event()
-                await self._drain.wait()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self.aclose(grace_s=0)
 
     async def aclose(self, grace_s: float = 2.0) -> None:
         self.closed = True
         error = WorkerFailure("unavailable", f"plugin {self.name} was unloaded")
         for group in self.groups.values():
-            while group.queue:
-                slot = group.queue.popleft()
-                slot.error = error
-                self.complete(slot)
+            self._fail_queue(group, error)
         with trio.move_on_after(grace_s):
-            while self.in_flight:
-                self._drain = trio.Event()
-                await self._drain.wait()
+            await self._drained()
         instances = [i for g in self.groups.values() for i in g.instances]
         for instance in instances:
             if not instance.dead:
                 instance.fail(error)
-        self._watch_wake.set()
+        self.watchdog.stop()
+
+    def _fail_queue(self, group: Group, error: WorkerFailure) -> None:
+        while group.queue:
+            slot = group.queue.popleft()
+            slot.error = error
+            self.complete(slot)
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -318,11 +256,8 @@ class HostedRunner:
                 log("hosted_server_start_failed", level="error", plugin=self.name, stage=exc.stage,
                     error=exc.message, attempt=group.failures)
                 if not any(not i.dead for i in group.instances):
-                    error = WorkerFailure("unavailable", f"the server could not be started: {exc.message}")
-                    while group.queue:
-                        slot = group.queue.popleft()
-                        slot.error = error
-                        self.complete(slot)
+                    self._fail_queue(group, WorkerFailure("unavailable",
+                                                          f"the server could not be started: {exc.message}"))
                 return
             if self.closed or not self._current(group):  # unloaded, or the group was dropped
                 instance.fail(WorkerFailure("unavailable", f"plugin {self.name} was unloaded"))
@@ -357,7 +292,7 @@ class HostedRunner:
         if not group.key or group.queue:
             self._spawn(group)
 
-    def complete(self, slot: HostedSlot) -> None:
+    def complete(self, slot: CallSlot) -> None:
         if slot.finished:
             return
         if slot.instance is not None:
@@ -368,25 +303,13 @@ class HostedRunner:
         if instance is not None and not self.closed:
             self._dispatch(instance.group)
 
-    def _release(self) -> None:
-        self.in_flight -= 1
-        if not self.in_flight and self._drain is not None:
-            self._drain.set()
-
-    def relay(self, slot: HostedSlot, frame: Any, size: int) -> None:
+    def relay(self, slot: CallSlot, frame: Any, size: int) -> None:
         """One progress or log notification of ``slot``, within the call's budget (as ``WorkerPool._relay``)."""
         try:
-            if type(frame) is wire.Log:
-                worker_frames.check_log(frame)
-            else:
-                worker_frames.check_progress(frame)
+            worker_frames.check_notification(frame)
         except FrameRejected:
             return
-        if slot.on_event is None:
-            return
-        frame = worker_frames.within_budget(slot, frame, size, self.limits, self.name, slot.tool)
-        if frame is not None:
-            slot.on_event(frame)
+        slot.relay(frame, size, self.limits, self.name)
 
     def tools_listed(self, instance: Instance, tools: list[wire.ToolSpec]) -> None:
         """``instance`` listed ``tools`` (at start-up or after ``list_changed``). Only the shared group's
@@ -406,11 +329,9 @@ class HostedRunner:
             except Exception as exc:  # our bug; the server keeps serving
                 log("internal_error", level="error", where="hosted tools changed", error=f"{type(exc).__name__}: {exc}")
 
-    # -- deadlines -----------------------------------------------------------------------------
-
     # -- the server's questions (elicitation, sampling, roots) during a call ------------------------
 
-    def ask(self, slot: HostedSlot, instance: Instance, server_id: Any, method: str, params: dict[str, Any]) -> None:
+    def ask(self, slot: CallSlot, instance: Instance, server_id: Any, method: str, params: dict[str, Any]) -> None:
         """The server asks, during ``slot``'s call, what a tool would ask: the call's client is asked
         (``CallDispatcher.answer`` brings the answer back to ``answer``); the deadline stops meanwhile."""
         def refuse(message: str) -> None:
@@ -424,24 +345,19 @@ class HostedRunner:
             return refuse(f"the call asked more than {limits.max_asks} questions (limits.max_asks)")
         # Numbered per call, so that a call run again from the start asks under the same keys.
         ask = wire.Ask(slot.request_id, [wire.InputRequest(f"ask-{slot.asks}", method, params)])
-        now = trio.current_time()
-        slot.run_left_s = max(0.0, slot.deadline - now)
-        slot.asking = (ask, server_id, instance)
-        slot.deadline = now + limits.ask_timeout_s
-        self.wake_watchdog(slot.deadline)
+        slot.server_request = (server_id, instance)
+        self.watchdog.pause_for_question(slot, ask, limits.ask_timeout_s)
         slot.on_event(ask)
 
-    def answer(self, slot: HostedSlot, responses: list[wire.InputResponse], missing: str = "error",
+    def answer(self, slot: CallSlot, responses: list[wire.InputResponse], missing: str = "error",
                why: str = "the client gave no answer", to: wire.Ask | None = None) -> bool:
         """The client's answer to the server's question (see ``WorkerPool.answer``), sent to the server."""
-        if slot.asking is None or slot.finished:
+        ask = slot.asking
+        if ask is None or slot.finished or (to is not None and to is not ask):
             return False
-        ask, server_id, instance = slot.asking
-        if to is not None and to is not ask:
-            return False
-        slot.asking = None
-        slot.deadline = trio.current_time() + slot.run_left_s
-        self.wake_watchdog(slot.deadline)
+        server_id, instance = slot.server_request
+        slot.server_request = None
+        self.watchdog.resume_after_answer(slot)
         key = ask.requests[0].key
         response = next((r for r in responses if r.key == key), None) or wire.InputResponse(key, missing, message=why)
         if response.outcome == "result" and isinstance(response.result, dict):
@@ -453,34 +369,23 @@ class HostedRunner:
         return True
 
     def wake_watchdog(self, deadline: float) -> None:
-        """A deadline was set: wake the watchdog if it would sleep past it (or is mid-pass)."""
-        if deadline < self._watch_at:
-            self._watch_wake.set()
+        """A deadline was set (``Instance.call``)."""
+        self.watchdog.wake(deadline)
 
-    async def _watchdog(self) -> None:
-        while not self.closed:
-            # A pass can start calls (an expired call's slot goes to the next queued one) and so set
-            # deadlines the pass may not see: while it runs, any new deadline sets this pass's event,
-            # and the loop goes round again at once (it used to compare with the expired ``_watch_at``
-            # and then replace the event, so that call had no deadline at all).
-            self._watch_wake = trio.Event()
-            self._watch_at = math.inf
-            now = trio.current_time()
-            nearest = math.inf
-            for group in list(self.groups.values()):
-                for instance in list(group.instances):
-                    for slot in list(instance.pending.values()):
-                        if slot.deadline <= now and slot.asking is not None:
-                            # The question found no answer in time: the server hears so and goes on.
-                            self.answer(slot, [], "timeout",
-                                        f"the client did not answer within {self.limits.ask_timeout_s:g} s")
-                            nearest = min(nearest, slot.deadline)
-                        elif slot.deadline <= now:
-                            instance.cancel(slot, "timed out")
-                            slot.error = WorkerFailure("timeout", f"timed out after {self.limits.timeout_s:g} s")
-                            self.complete(slot)
-                        else:
-                            nearest = min(nearest, slot.deadline)
-            self._watch_at = nearest
-            with trio.move_on_at(nearest):
-                await self._watch_wake.wait()
+    def _running(self) -> Iterator[tuple[CallSlot, Instance]]:
+        for group in list(self.groups.values()):
+            for instance in list(group.instances):
+                for slot in list(instance.pending.values()):
+                    yield slot, instance
+
+    def _ask_timed_out(self, slot: CallSlot, instance: Instance) -> None:
+        # The question found no answer in time: the server hears so and goes on.
+        self.answer(slot, [], "timeout", f"the client did not answer within {self.limits.ask_timeout_s:g} s")
+
+    def _timed_out(self, slot: CallSlot, instance: Instance) -> None:
+        if slot.finished:
+            return  # ended earlier in this pass
+        instance.cancel(slot, "timed out")
+        slot.error = WorkerFailure("timeout", f"timed out after {self.limits.timeout_s:g} s")
+        self.complete(slot)
+

@@ -1,0 +1,351 @@
+"""The pool's scheduling rules, against fake workers (no processes) on trio's virtual clock: queueing,
+bursts, batches, retire, requeue, cancel, the parked dispatcher, deadlines. What only processes can
+show (isolation, kills, real frames) stays in test_workers_via_daemon.py and tests/sandbox."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from fake_pool import KILLED, FakeWorkers, fake_pool
+from runtime.execution.pool import BATCH_MAX, IDLE_RETIRE_S, WorkerPool
+from runtime.execution.runner import CallSlot
+from runtime.protocol.errors import PoolBusy, WorkerFailure
+from sandbox import wire
+
+
+@pytest.fixture(autouse=True)
+def _kills() -> Iterator[None]:
+    KILLED.clear()
+    yield
+    KILLED.clear()
+
+
+def _call(pool: WorkerPool, done: list[CallSlot], i: int = 0) -> CallSlot:
+    slot = pool.new_slot("t", {"i": i}, False, -1, None, done.append)
+    pool.submit(slot)
+    return slot
+
+
+async def _started(pool: WorkerPool) -> None:
+    await pool.start()
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_calls_that_arrive_together_go_to_the_idle_workers_at_the_next_tick_one_write_each(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=3), factory, min_workers=3)
+        await _started(pool)
+        assert len(pool.idle) == 3
+        done: list[CallSlot] = []
+        slots = [_call(pool, done, i) for i in range(3)]
+        assert all(not w.received for w in factory.started)  # parked until the dispatcher's turn
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(len(w.calls_received()) for w in factory.started) == [1, 1, 1]
+        assert all(w.writes == 1 for w in factory.started)
+        assert not pool.queue and all(s.deadline < float("inf") for s in slots)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_burst_of_calls_that_block_starts_a_worker_for_every_queued_call_up_to_max_concurrency(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers(start_s=0.5)
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=4), factory, cores=2)
+        await _started(pool)
+        done: list[CallSlot] = []
+        _call(pool, done)
+        await trio.testing.wait_all_tasks_blocked()
+        factory.started[0].finish(pool, run_s=0.1, blocked_s=0.099)  # the tool sleeps
+        first = _call(pool, done)
+        await trio.testing.wait_all_tasks_blocked()  # the one worker runs it
+        [_call(pool, done, i) for i in range(1, 10)]
+        assert pool.starting == 3  # the pool's room, not one per call
+        await trio.sleep(1)
+        assert len(factory.alive()) == 4
+        running = [w.pending[0] for w in factory.alive() if w.pending]
+        assert first in running and len(running) == 4
+        nursery.cancel_scope.cancel()
+
+
+async def test_calls_that_keep_a_cpu_busy_get_no_more_workers_than_there_are_cores(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers(start_s=0.5)
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=8, max_queue=100), factory, cores=2)
+        await _started(pool)
+        done: list[CallSlot] = []
+        for round_ in range(5):
+            for i in range(16):
+                _call(pool, done, i)
+            await trio.sleep(1)
+            while any(w.pending for w in factory.alive()):
+                for worker in factory.alive():
+                    if worker.pending:
+                        worker.finish(pool, run_s=0.001, blocked_s=0.0)
+                await trio.testing.wait_all_tasks_blocked()
+            assert len(factory.started) == 2, round_
+        assert len(done) == 80
+        nursery.cancel_scope.cancel()
+
+
+async def test_when_calls_turn_out_to_block_the_pool_grows_and_runs_the_calls_it_had_batched_at_once(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers(start_s=0.1)
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=64, max_queue=1000), factory, cores=2)
+        await _started(pool)
+        done: list[CallSlot] = []
+        for i in range(32):
+            _call(pool, done, i)
+        await trio.sleep(1)
+        assert len(factory.alive()) == 2  # nothing known yet: as if CPU-bound
+        for worker in factory.alive():
+            worker.finish(pool, run_s=0.1, blocked_s=0.0995)  # 0.5 % running: 2 cores keep 400 busy
+        await trio.sleep(1)
+        # Every call has a worker now (the demand, not the ceiling): those batched behind the first two
+        # were taken back (answered unrun by their first worker, in order) and run elsewhere.
+        assert len(factory.alive()) == 32
+        assert sum(1 for w in factory.alive() if w.pending and not w.pending[0].abandoned) == 30
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_call_waiting_on_its_client_frees_its_core_for_a_new_worker(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers(start_s=0.1)
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=8, max_queue=100, ask_timeout_s=60), factory,
+                         cores=1)
+        await _started(pool)
+        events: list[Any] = []
+        asking = pool.new_slot("t", {}, False, -1, events.append, None)
+        pool.submit(asking)
+        await trio.testing.wait_all_tasks_blocked()
+        done: list[CallSlot] = []
+        waiting = _call(pool, done, 1)
+        await trio.sleep(1)
+        assert len(factory.alive()) == 1 and list(pool.queue) == [waiting]  # one core, one worker
+        (worker,) = factory.alive()
+        pool.ask(asking, wire.Ask(asking.call.id, [wire.InputRequest("k", "roots/list", {})]), worker)
+        await trio.sleep(1)
+        assert len(factory.alive()) == 2 and not pool.queue  # the question's worker is blocked
+        assert pool.answer(asking, [wire.InputResponse("k", "result", {"roots": []})])
+        assert pool.asking == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_workers_with_nothing_to_do_stop_after_a_while_down_to_min_workers(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=4), factory, min_workers=1, cores=4)
+        await _started(pool)
+        done: list[CallSlot] = []
+        for i in range(4):
+            _call(pool, done, i)
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(0.1)
+        for worker in factory.alive():
+            while worker.pending:
+                worker.finish(pool)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(factory.alive()) == 4
+        await trio.sleep(IDLE_RETIRE_S * 0.4)
+        assert len(factory.alive()) == 4
+        await trio.sleep(IDLE_RETIRE_S * 1.2)
+        assert len(factory.alive()) == 1 and len(pool.workers) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_saturated_pool_hands_a_freed_worker_its_share_of_the_queue_in_one_write(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=100), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        slots = [_call(pool, done, 0)]
+        await trio.testing.wait_all_tasks_blocked()
+        slots += [_call(pool, done, i) for i in range(1, BATCH_MAX + 5)]  # the one worker is busy: queued
+        (worker,) = factory.started
+        assert len(worker.pending) == 1 and worker.writes == 1 and len(pool.queue) == BATCH_MAX + 4
+        worker.finish(pool)
+        assert len(worker.pending) == BATCH_MAX and worker.writes == 2  # one write for the batch
+        assert done == slots[:1]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_full_queue_refuses_with_pool_busy(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=2))
+        await _started(pool)
+        done: list[CallSlot] = []
+        for i in range(3):  # one runs, two wait
+            _call(pool, done, i)
+        with pytest.raises(PoolBusy):
+            _call(pool, done, 3)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_crashed_worker_fails_its_running_call_and_requeues_the_calls_batched_behind_it(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        slots = [_call(pool, done, i) for i in range(4)]
+        await trio.testing.wait_all_tasks_blocked()
+        (first,) = factory.started
+        first.finish(pool)  # the other three are batched on it now
+        assert list(first.pending) == slots[1:]
+        first.crash(pool)
+        assert KILLED == [first.pid]
+        assert slots[1].error is not None and slots[1].error.kind == "crashed"
+        await trio.testing.wait_all_tasks_blocked()  # a replacement starts and takes the rest
+        (second,) = factory.alive()
+        assert [c.id for c in second.calls_received()] == [s.call.id for s in slots[2:]]
+        assert all(s.error is None and not s.finished for s in slots[2:])
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_retiring_worker_sends_the_calls_after_its_result_back_to_the_queue(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        slots = [_call(pool, done, i) for i in range(3)]
+        await trio.testing.wait_all_tasks_blocked()
+        (first,) = factory.started
+        first.finish(pool)
+        first.finish(pool, "last one", retire="memory grew")
+        assert done == slots[:2] and slots[1].result is not None and first.dead
+        await trio.testing.wait_all_tasks_blocked()
+        (second,) = factory.alive()
+        assert [c.id for c in second.calls_received()] == [slots[2].call.id]
+        assert not slots[2].finished
+        nursery.cancel_scope.cancel()
+
+
+async def test_cancelling_a_queued_call_drops_it_a_batched_one_is_withdrawn_a_running_one_kills_its_worker(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        slots = [_call(pool, done, 0)]
+        await trio.testing.wait_all_tasks_blocked()
+        slots += [_call(pool, done, i) for i in (1, 2)]  # queued behind the running one
+        (worker,) = factory.started
+        pool.withdraw(slots[2])  # still in the pool's queue
+        assert slots[2].finished and slots[2] not in pool.queue and pool.in_flight == 2
+        worker.finish(pool)
+        pool.withdraw(slots[1])  # running now
+        assert worker.dead and KILLED == [worker.pid] and done == slots[:1]
+        await trio.testing.wait_all_tasks_blocked()
+        assert pool.in_flight == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_call_batched_behind_a_running_one_is_withdrawn_with_cancel_call(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        slots = [_call(pool, done, i) for i in range(3)]
+        await trio.testing.wait_all_tasks_blocked()
+        (worker,) = factory.started
+        worker.finish(pool)
+        pool.withdraw(slots[2])
+        assert worker.received[-1] == wire.CancelCall(slots[2].call.id) and not worker.dead
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_call_past_its_deadline_kills_its_worker_and_only_that_call_fails(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=2, timeout_s=2), factory, min_workers=2)
+        await _started(pool)
+        done: list[CallSlot] = []
+        slow, fast = _call(pool, done, 0), _call(pool, done, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        busy = [w for w in factory.started if w.pending]
+        fast_worker = next(w for w in busy if w.pending[0] is fast)
+        await trio.sleep(1)
+        fast_worker.finish(pool)
+        await trio.sleep(1.5)
+        assert slow.error is not None and slow.error.kind == "timeout" and fast.error is None
+        assert KILLED and fast_worker.pid not in KILLED
+        nursery.cancel_scope.cancel()
+
+
+async def test_retire_lets_every_given_call_finish_then_closes(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        slots = [_call(pool, done, i) for i in range(2)]
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(pool.retire)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(WorkerFailure):
+            _call(pool, done, 9)
+        (worker,) = factory.started
+        worker.finish(pool)
+        worker.finish(pool)
+        await trio.testing.wait_all_tasks_blocked()
+        assert done == slots and pool.closed and worker.dead
+        nursery.cancel_scope.cancel()
+
+
+async def test_when_no_worker_can_start_the_queue_fails_rather_than_hangs(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        slots = [_call(pool, done, i) for i in range(2)]
+        await trio.testing.wait_all_tasks_blocked()
+        factory.fail_next = 1
+        factory.started[0].crash(pool)
+        await trio.testing.wait_all_tasks_blocked()
+        errors: list[Any] = [s.error.kind if s.error else None for s in slots]
+        assert errors == ["crashed", "unavailable"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_answered_call_keeps_its_worker_busy_until_it_returns_and_its_deadline_still_holds(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10, timeout_s=2), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        first = _call(pool, done, 0)
+        await trio.testing.wait_all_tasks_blocked()
+        second = _call(pool, done, 1)
+        (worker,) = factory.started
+        worker.answer(pool)  # answered, but its code has not returned
+        assert done == [first] and list(worker.pending) == [first] and list(pool.queue) == [second]
+        await trio.sleep(2.5)
+        assert worker.dead and KILLED == [worker.pid] and first.error is None  # its client had its answer
+        await trio.testing.wait_all_tasks_blocked()
+        (replacement,) = factory.alive()
+        assert [c.id for c in replacement.calls_received()] == [second.call.id]
+        nursery.cancel_scope.cancel()
