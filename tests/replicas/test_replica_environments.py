@@ -57,7 +57,8 @@ async def test_two_replicas_build_byte_identical_environments_and_catalogs_from_
     (tmp_path / "requirements.in").write_text("six==1.17.0\n")
     subprocess.run([installer.uv_bin(), "pip", "compile", "--quiet", "--no-header", "--generate-hashes", "--only-binary",
                     ":all:", "--python", installer.python_exe(), "--no-config", "-o", str(folder / "requirements.lock"),
-                    str(tmp_path / "requirements.in")], check=True, timeout=300, cwd=str(tmp_path))
+                    str(tmp_path / "requirements.in")], check=True, timeout=300, cwd=str(tmp_path),
+                   env=installer._installer_env())  # as toolcell runs uv (the machine's trust store, ...)
     assert "--hash=sha256:" in (folder / "requirements.lock").read_text()
     async with open_cluster(tmp_path / "cluster", plugins, replicas=2) as cluster, \
             httpx2.AsyncClient(timeout=WAIT_S) as client:
