@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from runtime.bench.procs import cpu_delta_s, cpu_snapshot  # noqa: E402
 sys.path.insert(0, str(REPO / "tests" / "http"))
 
 from http_harness import sha, start_server, stop_server  # noqa: E402
@@ -49,23 +52,8 @@ scope_prefix = "toolcell:"
 '''
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds used so far by the daemon and every process under it (its workers)."""
-    import psutil
-
-    total = 0.0
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
-
-
 def _bench(url: str, pid: int, token: str, seconds: float, concurrency: int) -> dict[str, float]:
-    before = _cpu_s(pid)
+    before = cpu_snapshot(pid)
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run([sys.executable, "-m", "runtime.cli", "bench", url, "--token", token, "--tool", "a_echo",
                         "--args", '{"text": "hi"}', "-c", str(concurrency), "-d", str(seconds), "--warmup", "1",
@@ -73,7 +61,7 @@ def _bench(url: str, pid: int, token: str, seconds: float, concurrency: int) -> 
                        stdout=subprocess.DEVNULL)
         report = json.loads(Path(out.name).read_bytes())
     row = report["summary"][0]
-    used = _cpu_s(pid) - before
+    used = cpu_delta_s(before, cpu_snapshot(pid))
     return {"calls_per_s": row["calls_per_s"], "p50_ms": row["latency"]["p50_ms"], "p99_ms": row["latency"]["p99_ms"],
             "errors": sum(row["errors"].values()), "cpu_us": used / max(1.0, row["calls_per_s"] * (seconds + 1)) * 1e6}
 

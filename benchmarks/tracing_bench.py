@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from runtime.bench.procs import cpu_delta_s, cpu_snapshot  # noqa: E402
 TOKEN = "tc_bench_tracing_token_0123456789"
 
 
@@ -77,34 +80,19 @@ def _start(tree: Path, tmp: Path, name: str, env: dict[str, str]) -> tuple[subpr
     raise RuntimeError(f"{name} did not start:\n{log.read_text(errors='replace')}")
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds used so far by the daemon and every process under it (its workers)."""
-    import psutil
-
-    total = 0.0
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
-
-
 WARMUP_S = 1.0
 
 
 def _bench(url: str, pid: int, seconds: float, concurrency: int) -> tuple[float, float]:
     """(calls/s, server CPU µs per call: the daemon and its workers, over warm-up and measurement)."""
-    before = _cpu_s(pid)
+    before = cpu_snapshot(pid)
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run([sys.executable, "-m", "runtime.cli", "bench", url, "--token", TOKEN, "--tool", "echo",
                         "--args", '{"text": "hi"}', "-c", str(concurrency), "-d", str(seconds), "--warmup",
                         str(WARMUP_S), "--no-ceiling", "-q", "--json", out.name], check=True, cwd=REPO,
                        stdout=subprocess.DEVNULL)
         rate = float(json.loads(Path(out.name).read_bytes())["summary"][0]["calls_per_s"])
-    used = _cpu_s(pid) - before
+    used = cpu_delta_s(before, cpu_snapshot(pid))
     return rate, used / max(1.0, rate * (seconds + WARMUP_S)) * 1e6
 
 
