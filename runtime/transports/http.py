@@ -185,7 +185,7 @@ class HttpApp:
         self.streams_by: dict[str, int] = {}
         self.shutting_down = False
         self.status_counts: dict[int, int] = {}
-        self.rate_limited = {"principal": 0, "tool": 0}
+        self.rate_limited = {"principal": 0, "tool": 0, "new_tokens": 0}
         self.audit: Any = None  # an AuditLog, for calls refused before they reach a pool
         #: trio's clock when the request being read arrived (limits of one request share one reading).
         self._now = 0.0
@@ -312,6 +312,7 @@ class HttpApp:
         except TokenRefused as refused:
             return await self._unauthorized(r, refused)
         except TooManyNewTokens as exc:
+            self.rate_limited["new_tokens"] += 1  # toolcell_http_rate_limited{limit="new_tokens"}
             retry = max(1, math.ceil(exc.retry_after_s))
             return await self._plain_error(r, 429, f"Too Many Requests: {exc}; nothing was checked, retry in "
                                            f"{retry} s (a client keeps using the token it has)",
