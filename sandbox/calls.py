@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from sandbox import api, asking, errors
-from sandbox.wire import Call, Result, encode_frame
+from sandbox.wire import Call, Result, ResultReturned, encode_frame
 
 _json = msgspec.json.Encoder()
 
@@ -43,15 +43,19 @@ def _to_content(value: Any) -> list[dict[str, Any]]:
 _RUSAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
 
 
-def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: Any = None) -> Result:
+def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: Any = None,
+             returned: bool = False) -> Result:
     """Run one call and build its result, timed (``Result.run_ns``). Never raises.
     ``exchange(requests) -> responses`` sends an ``Ask`` round and blocks for its ``Answer`` (None:
-    this call cannot ask)."""
+    this call cannot ask). ``returned``: the runtime of a pooled worker, which sends it once the
+    call's code has returned, as a ``ResultReturned`` (``sandbox.wire``)."""
     before = resource.getrusage(_RUSAGE)
     started = time.perf_counter_ns()
-    result = _run_call(tools, call, send, exchange)
+    r = _run_call(tools, call, send, exchange)
     run_ns = time.perf_counter_ns() - started
-    return msgspec.structs.replace(result, run_ns=run_ns, blocked_ns=blocked_ns(before, run_ns))
+    return (ResultReturned if returned else Result)(
+        r.id, r.content, r.structured, r.has_structured, r.is_error, r.traceback, r.retire, r.killed,
+        r.missing_capability, r.request_error, run_ns, blocked_ns(before, run_ns))
 
 
 def blocked_ns(before: resource.struct_rusage, run_ns: int) -> int:
@@ -130,4 +134,5 @@ def encode_result(result: Result) -> bytes:
         return encode_frame(result)
     except (OverflowError, TypeError, ValueError) as exc:
         text = f"The tool's result could not be encoded: {type(exc).__name__}: {exc}"
-        return encode_frame(Result(result.id, [{"type": "text", "text": text}], is_error=True))
+        # Of the same kind: a ResultReturned still says that the call's code returned.
+        return encode_frame(type(result)(result.id, [{"type": "text", "text": text}], is_error=True))

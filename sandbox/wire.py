@@ -13,7 +13,8 @@ Conversation:
    proxy's listening socket attached (``SCM_RIGHTS``), before any plugin code runs.
 3. daemon -> worker: ``Call`` frames, possibly several in one write when the pool is saturated; the
    worker runs them one at a time, in order, and answers each with zero or more ``Progress`` / ``Log``
-   frames, exactly one ``Result``, then ``CallReturned`` (results of a batch may arrive in one write).
+   frames, exactly one ``Result``, then ``CallReturned`` (results of a batch may arrive in one write);
+   a pooled worker's runtime usually writes the two as one ``ResultReturned`` frame.
    A ``CancelCall`` for a call that has not started makes the worker answer it at once, unrun.
    ``Result`` is the answer, relayed to the client at once; ``CallReturned`` is the worker's runtime
    saying that the call's code has returned (per_call: that its processes are all dying). Plugin
@@ -250,6 +251,15 @@ class CallReturned(msgspec.Struct, tag="returned", frozen=True, array_like=True)
     id: int
 
 
+class ResultReturned(Result, tag="result_returned", frozen=True, array_like=True):
+    """A ``Result`` and its ``CallReturned`` in one frame: what a pooled worker's runtime writes for a
+    call whose code has returned (its usual answer), so the daemon reads, checks and dispatches one
+    frame per call instead of two. It means exactly the two frames: plugin code in a pooled worker
+    can forge it as it can forge ``CallReturned`` (the limit ``sandbox.wire`` states); a per_call
+    zygote never relays it from a call's process (only ``Result`` passes), so there only R frees the
+    worker."""
+
+
 class InputRequest(msgspec.Struct, frozen=True, array_like=True):
     """One thing a tool asks the client for: ``method`` is one of ``INPUT_METHODS``, ``params`` its
     params as the 2025-11-25 revision words them. ``key`` is unique within the call (the worker
@@ -267,7 +277,7 @@ class Ask(msgspec.Struct, tag="ask", frozen=True, array_like=True):
     requests: list[InputRequest]
 
 
-FromWorker = Union[Ready, LoadFailed, Progress, Log, Result, CallReturned, EgressListener, Ask]
+FromWorker = Union[Ready, LoadFailed, Progress, Log, Result, ResultReturned, CallReturned, EgressListener, Ask]
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 

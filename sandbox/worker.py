@@ -33,12 +33,12 @@ from sandbox.wire import (
     Answer,
     Ask,
     Call,
-    CallReturned,
     CancelCall,
     Init,
     LoadFailed,
     Ready,
     Result,
+    ResultReturned,
     Shutdown,
     ToolSpec,
     encode_frame,
@@ -202,26 +202,30 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
         call = queue.popleft()
         if not out:
             first_unsent = time.monotonic()
+        # Each answer below is a ResultReturned (a Result and its CallReturned in one frame), written
+        # only here, after the call's code returned (and the guard found nothing left): the daemon
+        # keeps this worker busy, with the call's deadline running, until it reads one.
         if call.id in cancelled:
             cancelled.discard(call.id)
-            out.append(encode_frame(Result(call.id, [{"type": "text", "text": "cancelled"}], is_error=True)))
+            out.append(encode_frame(ResultReturned(call.id, [{"type": "text", "text": "cancelled"}], is_error=True)))
         elif guard is None:
-            out.append(encode_result(run_call(tools, call, send, exchange_for(call))))
+            out.append(encode_result(run_call(tools, call, send, exchange_for(call), returned=True)))
         else:
             guard.before()
-            result = run_call(tools, call, send, exchange_for(call))
+            result = run_call(tools, call, send, exchange_for(call), returned=True)
             left = guard.after()
             if left is not None:
-                # The daemon sends this worker nothing more and requeues what it had sent after this call.
+                # The daemon sends this worker nothing more and requeues what it had sent after this
+                # call. A plain Result: something of the call still runs.
                 reason = f"call {call.tool!r} left {left} running"
-                out.append(encode_result(msgspec.structs.replace(result, retire=reason)))
+                out.append(encode_result(Result(
+                    result.id, result.content, result.structured, result.has_structured, result.is_error,
+                    result.traceback, reason, result.killed, result.missing_capability, result.request_error,
+                    result.run_ns, result.blocked_ns)))
                 flush()
                 os.write(2, f"toolcell worker: {reason}; this worker retires and a fresh one takes its place\n".encode())
                 os._exit(LEFTOVER_EXIT)
             out.append(encode_result(result))
-        # Written only here, after the call's code returned (and the guard found nothing left): the
-        # daemon keeps this worker busy, with the call's deadline running, until it reads this.
-        out.append(encode_frame(CallReturned(call.id)))
         if not queue or time.monotonic() - first_unsent > FLUSH_AFTER_S:
             flush()
 

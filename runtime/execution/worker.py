@@ -158,6 +158,13 @@ def name_kill(worker: Worker, msg: wire.Result, limits: wire.Limits) -> wire.Res
     return wire.Result(msg.id, [{"type": "text", "text": text}], is_error=True)
 
 
+def _misbehaved(pool: WorkerEvents, worker: Worker, why: str) -> None:
+    """A worker is ended for what it sent while no call of its was running: nobody's call carries
+    the reason, so the log does (with a call running, its failure says it)."""
+    if not worker.pending:
+        log("worker_misbehaved", level="warning", plugin=pool.name, pid=worker.pid, reason=why[:300])
+
+
 async def read_frames(pool: WorkerEvents, worker: Worker) -> None:
     """Match the worker's frames to its pending calls, in order, and tell the pool."""
     decode = wire.from_worker_decoder.decode
@@ -175,10 +182,11 @@ async def read_frames(pool: WorkerEvents, worker: Worker) -> None:
                 pending = worker.pending
                 head = pending[0] if pending else None
                 kind = type(msg)
-                if kind is wire.Result:
+                if kind is wire.ResultReturned or kind is wire.Result:
                     # The answer goes to the client now; the worker stays busy, and the call's
-                    # deadline runs, until its runtime says the call's code returned (CallReturned):
-                    # plugin code can write a Result of its own and run on (``sandbox.wire``).
+                    # deadline runs, until its runtime says the call's code returned (CallReturned,
+                    # or this frame being a ResultReturned): plugin code can write a Result of its
+                    # own and run on (``sandbox.wire``).
                     if head is None or msg.id != head.call.id:
                         raise WorkerFailure("garbage", "the worker answered a call it was not given")
                     if head.result is not None:
@@ -187,6 +195,8 @@ async def read_frames(pool: WorkerEvents, worker: Worker) -> None:
                     if msg.killed:
                         msg = name_kill(worker, msg, pool.limits)
                     pool.result(worker, head, msg)
+                    if kind is wire.ResultReturned and not worker.dead and pending and pending[0] is head:
+                        pool.returned(worker)
                 elif kind is wire.CallReturned:
                     if head is None or msg.id != head.call.id or head.result is None:
                         raise WorkerFailure("garbage", "the worker said a call returned before answering it")
@@ -214,6 +224,7 @@ async def read_frames(pool: WorkerEvents, worker: Worker) -> None:
             worker.buf += await worker.recv()
     except FrameRejected as exc:
         if not worker.dead:
+            _misbehaved(pool, worker, f"the worker sent a malformed frame: {exc}")
             pool.fail_worker(worker, WorkerFailure("garbage", f"the worker sent a malformed frame: {exc}"))
     except WorkerFailure as exc:
         if worker.dead:
@@ -222,6 +233,8 @@ async def read_frames(pool: WorkerEvents, worker: Worker) -> None:
             with trio.move_on_after(0.5):
                 await worker.exited.wait()
             exc = explain_exit(worker.proc.returncode, worker.pid, pool.limits)
+        else:
+            _misbehaved(pool, worker, exc.message)
         pool.fail_worker(worker, exc)
     except Exception as exc:  # our bug, triggered by what this worker sent: fail its call only
         log("internal_error", level="error", where="worker frame", plugin=pool.name,

@@ -110,11 +110,13 @@ def instance() -> str:
 
 
 @tool
-def forge_result(sleep_s: float, returned: bool = False) -> str:
+def forge_result(sleep_s: float, returned: bool = False, merged: bool = False) -> str:
     """Answer this call early with a Result written straight onto the IPC channel (and, with
-    ``returned``, the runtime's CallReturned too), then keep running: sleep ``sleep_s``."""
+    ``returned``, the runtime's CallReturned too; with ``merged``, both as one ResultReturned frame),
+    then keep running: sleep ``sleep_s``."""
     call_id = current().call_id
-    data = _frame(["result", call_id, [{"type": "text", "text": "forged by " + INSTANCE}]])
+    content = [{"type": "text", "text": "forged by " + INSTANCE}]
+    data = _frame(["result_returned" if merged else "result", call_id, content])
     if returned:
         data += _frame(["returned", call_id])
     fd = _ipc_fd()

@@ -118,7 +118,7 @@ class Worker:
         self.sock.sendall(encode_frame(Call(cid, tool, arguments)))
         while True:
             msg = self.recv(timeout_s)
-            if getattr(msg, "id", None) == cid and type(msg).__name__ == "Result":
+            if getattr(msg, "id", None) == cid and type(msg).__name__ in ("Result", "ResultReturned"):
                 return msg
 
     def shutdown(self) -> None:

@@ -191,6 +191,32 @@ async def test_a_second_answer_to_a_call_ends_its_worker(
         await still_serving(peer)
 
 
+async def test_a_forged_result_returned_frame_is_only_what_pooled_code_could_forge_anyway(
+        make_plugin: Callable[..., Path], mode: str, tmp_path: Path) -> None:
+    # ResultReturned is a Result and its CallReturned in one frame (sandbox.wire). Pooled, plugin code
+    # can write it as it can write those two (the documented limit): the client gets the forged answer
+    # and the runtime's own answer after it, for a call the worker no longer has, ends the worker. per_call, the relay between the call's
+    # process and the daemon passes only Result (and progress/log/ask), so the forged frame never
+    # reaches the daemon: the client gets the tool's real answer, and only the relay frees the worker.
+    plugins = make_plugin("hostile", HOSTILE, limits=LIMITS, manifest={"isolation": mode})
+    async with open_toolcell(plugins, policy="strict", stderr_path=tmp_path / "daemon.log") as peer:
+        await peer.initialize("2025-11-25")
+        answer = await peer.call("forge_result", {"sleep_s": 0.2, "merged": True}, timeout=30)
+        log = tmp_path / "daemon.log"
+        if mode == "pooled":
+            assert text_of(answer).startswith("forged by "), answer
+            with trio.fail_after(30):  # the forged frame freed the worker: the real answer is for no call
+                while "answered a call it was not given" not in log.read_text(errors="replace"):
+                    await trio.sleep(0.1)
+        else:
+            assert text_of(answer) == "returned", answer
+            assert "answered the same call twice" not in log.read_text(errors="replace")
+        for _ in range(3):
+            response = await peer.call("instance", {}, timeout=30)
+            assert not response["result"].get("isError"), response
+        await still_serving(peer)
+
+
 async def test_a_log_flood_is_cut_to_the_call_budget_and_the_daemon_stays_small(peer: StdioPeer) -> None:
     daemon = psutil.Process(peer.proc.pid)
     await still_serving(peer)
