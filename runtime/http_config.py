@@ -98,6 +98,17 @@ class OAuthConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     introspection_client_secret_env: str | None = None
     #: Rate limit of every OAuth principal (default: ``principal_rate``).
     rate: RateLimit | None = None
+    #: Tokens not seen before (not remembered as checked or refused) that one client address (an IPv6
+    #: /64) may have checked: each costs a signature check or an introspection request, before
+    #: anyone is authenticated. A client sends the same token until it expires, so a few a second
+    #: is plenty; past it the request gets 429 with ``Retry-After`` and nothing is checked.
+    new_tokens_per_address: RateLimit = msgspec.field(default_factory=lambda: RateLimit(per_s=5.0, burst=20.0))
+    #: The same for every address together: the most unknown tokens checked per second, so that
+    #: requests from many addresses cannot spend the daemon's CPU (or the identity provider's
+    #: introspection endpoint) on made-up tokens. Tokens already checked are never limited by this.
+    new_tokens_rate: RateLimit = msgspec.field(default_factory=lambda: RateLimit(per_s=100.0, burst=200.0))
+    #: A refused token is answered from memory (the same 401, nothing checked again) for this long.
+    refused_memory_s: Annotated[float, Meta(ge=0, le=3600)] = 60.0
 
 
 class HttpConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

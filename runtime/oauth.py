@@ -23,6 +23,13 @@ How this works:
   ``requestState`` ownership work per principal, unchanged.
 * A checked token is remembered (by the token, however the header spaces it; at most ``CACHE_MAX``, never
   past its ``exp``) so that a client's every request does not verify a signature again.
+* Checking a token not seen before is the one costly thing an unauthenticated client can ask for (a
+  signature check, an introspection request to the identity provider), so it is budgeted before
+  anything is checked: ``new_tokens_per_address`` per client address (an IPv6 /64) and
+  ``new_tokens_rate`` for all together (token buckets; over either: :class:`TooManyNewTokens`, 429
+  with ``Retry-After``), and a refused token is answered from memory (by a hash, at most
+  ``REFUSED_MAX``) for ``refused_memory_s`` unless time or a key rotation could change the answer.
+  Tokens already checked never touch these budgets.
 * Refusals are :class:`TokenRefused` (401 ``invalid_token`` / 403 ``insufficient_scope``, with the
   RFC 6750 ``WWW-Authenticate`` value) or :class:`AuthUnavailable` (503: the issuer's keys or the
   introspection endpoint cannot be reached). Tokens are never logged or quoted.
@@ -31,6 +38,7 @@ How this works:
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import ssl
@@ -38,7 +46,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jwt
@@ -48,6 +56,7 @@ import trio
 from runtime.auth import Principal
 from runtime.http_config import OAuthConfig
 from runtime.logs import log
+from runtime.ratelimit import RateLimiter
 
 #: Largest JWKS / metadata / introspection answer read (bytes).
 MAX_DOCUMENT_BYTES = 1 << 20
@@ -63,12 +72,26 @@ _Key = tuple[Any, str | None]
 class TokenRefused(Exception):
     """A token that does not grant access: 401 ``invalid_token`` or 403 ``insufficient_scope``."""
 
-    def __init__(self, status: int, error: str, description: str, scope: str | None = None) -> None:
+    def __init__(self, status: int, error: str, description: str, scope: str | None = None,
+                 lasting: bool = True) -> None:
         super().__init__(description)
         self.status = status
         self.error = error
         self.description = description
         self.scope = scope
+        #: The same token would be refused again later (remembered for ``refused_memory_s``); False for
+        #: what time or the issuer may change (not valid *yet*, a key the JWKS may publish after a rotation).
+        self.lasting = lasting
+
+
+class TooManyNewTokens(Exception):
+    """Too many tokens not seen before came from this client address (or from all together) to check
+    them now: nothing was checked. 429, retry after ``retry_after_s``."""
+
+    def __init__(self, retry_after_s: float, whose: str) -> None:
+        super().__init__(f"too many new access tokens {whose}")
+        self.retry_after_s = retry_after_s
+        self.whose = whose
 
 
 class AuthUnavailable(Exception):
@@ -107,6 +130,8 @@ class OAuthVerifier:
     """Checks access tokens for one resource (see the module's comment). One per HTTP app."""
 
     CACHE_MAX = 4096
+    #: Refused tokens remembered (by a 16-byte hash), oldest forgotten first.
+    REFUSED_MAX = 4096
 
     def __init__(self, cfg: OAuthConfig, *, wall_clock: Callable[[], float] = time.time,
                  secret: str | None = None) -> None:
@@ -130,6 +155,12 @@ class OAuthVerifier:
         self.metadata_url = metadata_url(cfg.resource)
         self.refreshes = 0
         self.refused = 0
+        #: Requests answered 429 because they brought too many tokens not seen before.
+        self.limited = 0
+        #: Hash of a refused token -> (the refusal, until when it is repeated without a check; trio clock).
+        self._refused: dict[bytes, tuple[TokenRefused, float]] = {}
+        #: Buckets of new-token checks: one per client address, and one for all (``new_tokens_*``).
+        self._new_tokens = RateLimiter(max_keys=65_536)
         #: Fetch threads are abandoned at their deadline but run on until their socket times out: they
         #: count against this limiter, never trio's default one (which cgroup cleanup, approvals and
         #: plugin file reads share), so a hung issuer cannot starve the rest of the daemon.
@@ -183,8 +214,10 @@ class OAuthVerifier:
 
     # -- checking a token ----------------------------------------------------------------------
 
-    async def verify(self, authorization: bytes) -> Principal:
-        """The principal for ``authorization`` (``Bearer TOKEN``), or TokenRefused / AuthUnavailable."""
+    async def verify(self, authorization: bytes, source: Hashable | None = None) -> Principal:
+        """The principal for ``authorization`` (``Bearer TOKEN``), or TokenRefused / AuthUnavailable /
+        TooManyNewTokens. ``source``: the client's address as the per-address limits count it (None:
+        not known, e.g. a unix socket; only the limit for all applies)."""
         scheme, _, raw = authorization.partition(b" ")
         token = raw.strip()
         if scheme.lower() != b"bearer" or not token:
@@ -195,6 +228,16 @@ class OAuthVerifier:
             text = token.decode("ascii")
         except UnicodeDecodeError:
             raise TokenRefused(401, "invalid_token", "the token is not ASCII") from None
+        digest = hashlib.blake2b(token, digest_size=16).digest()
+        now = trio.current_time()
+        known = self._refused.get(digest)
+        if known is not None:
+            refusal, until = known
+            if now < until:
+                self.refused += 1
+                raise refusal
+            del self._refused[digest]
+        self._admit_new_token(source, now)
         try:
             if text.count(".") == 2:
                 claims = await self._check_jwt(text)
@@ -204,13 +247,31 @@ class OAuthVerifier:
                 raise TokenRefused(401, "invalid_token", "the token is not a JWT, and no introspection endpoint "
                                                          "is configured")
             principal = self._principal(claims)
-        except TokenRefused:
+        except TokenRefused as refusal:
             self.refused += 1
+            if refusal.lasting and self.cfg.refused_memory_s > 0:
+                if len(self._refused) >= self.REFUSED_MAX:
+                    del self._refused[next(iter(self._refused))]
+                self._refused[digest] = (refusal, now + self.cfg.refused_memory_s)
             raise
         expires = _seconds(claims.get("exp"))
         self._remember(token, principal, min(expires if expires is not None else self._wall() + 60.0,
                                              self._wall() + 3600.0))
         return principal
+
+    def _admit_new_token(self, source: Hashable | None, now: float) -> None:
+        """Take one check of a token not seen before from the client address's bucket and from the
+        bucket of all; raise ``TooManyNewTokens`` (nothing checked) when either is empty."""
+        cfg = self.cfg
+        if source is not None:
+            wait = self._new_tokens.take(("address", source), cfg.new_tokens_per_address, now)
+            if wait > 0:
+                self.limited += 1
+                raise TooManyNewTokens(wait, "from this address")
+        wait = self._new_tokens.take("all", cfg.new_tokens_rate, now)
+        if wait > 0:
+            self.limited += 1
+            raise TooManyNewTokens(wait, "from all clients together")
 
     async def _check_jwt(self, token: str) -> dict[str, Any]:
         try:
@@ -225,7 +286,8 @@ class OAuthVerifier:
             raise TokenRefused(401, "invalid_token", "the token's kid is not a string")
         key = await self._key(kid)
         if key is None:
-            raise TokenRefused(401, "invalid_token", "the token is signed by a key the issuer does not publish")
+            raise TokenRefused(401, "invalid_token", "the token is signed by a key the issuer does not publish",
+                               lasting=False)
         public_key, key_alg = key
         if key_alg not in (None, alg):
             raise TokenRefused(401, "invalid_token", "the token's algorithm does not match its key")
@@ -240,7 +302,8 @@ class OAuthVerifier:
         except jwt.ExpiredSignatureError:
             raise TokenRefused(401, "invalid_token", "the token has expired") from None
         except jwt.ImmatureSignatureError:
-            raise TokenRefused(401, "invalid_token", "the token is not valid yet (nbf/iat in the future)") from None
+            raise TokenRefused(401, "invalid_token", "the token is not valid yet (nbf/iat in the future)",
+                               lasting=False) from None
         except jwt.InvalidAudienceError:
             raise TokenRefused(401, "invalid_token", f"the token is not for this resource ({self.cfg.resource})") \
                 from None

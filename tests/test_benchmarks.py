@@ -79,3 +79,22 @@ def test_scale_out_measures_replicas_behind_haproxy_beside_a_direct_replica_and_
         assert name in rows, proc.stdout
         errors = rows[name].rstrip(" |").rsplit("|", 1)[1].strip()
         assert errors == "0", rows[name]
+
+
+def test_the_limit_and_floor_servers_answer_every_call_with_its_own_text(tmp_path: Path) -> None:
+    """The in-process limit and the process-hop floor are held against toolcell in RESULTS.md: each must
+    run the call (the text comes back per call, ``{{seq}}`` differs every time) in every mode."""
+    out = tmp_path / "bench.json"
+    python = sys.executable
+    targets = [f"limit=stdio:{python} benchmarks/limit_server.py",
+               f"floor-task=stdio:{python} benchmarks/floor_server.py --workers 2",
+               f"floor-inline=stdio:{python} benchmarks/floor_server.py --workers 1 --inline"]
+    proc = subprocess.run(
+        [python, "-m", "runtime.cli", "bench", *targets, "--tool", "echo", "--args", '{"text": "hi {{seq}}"}',
+         "--expect-text", "hi {{seq}}", "-c", "4", "-d", "0.5", "--warmup", "0.2", "--repeat", "1", "--no-ceiling",
+         "-q", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {row["target"]: row for row in json.loads(out.read_text())["summary"]}
+    assert set(rows) == {"limit", "floor-task", "floor-inline"}
+    for name, row in rows.items():
+        assert row["calls_per_s"] > 0 and not row["errors"], (name, row)

@@ -6,7 +6,7 @@ Everything here talks raw ASGI (``scope``/``receive``/``send``); hypercorn does 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 import trio
@@ -94,6 +94,10 @@ class Exchange(Protocol):
     def take_body(self) -> bytes | None: ...
 
     def authenticated(self) -> None: ...
+
+    @property
+    def source(self) -> Hashable | None:
+        """The client's address as per-address limits count it (``h1.source_of``; None: a unix socket)."""
 
 
 def accepts(accept: bytes | None) -> tuple[bool, bool]:

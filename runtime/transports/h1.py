@@ -537,6 +537,11 @@ class _Exchange:
         self.keep_alive = req.keep_alive and not req.upgrade
         self.headers = req.wanted
 
+    @property
+    def source(self) -> str | bytes | None:
+        """The client address its connection counts by (``source_of``)."""
+        return self.conn.source
+
     def authenticated(self) -> None:
         """The app's word that this request passed authentication: its connection leaves the
         unauthenticated budget for good (see the module doc)."""

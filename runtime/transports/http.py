@@ -24,14 +24,15 @@ from __future__ import annotations
 import collections
 import functools
 import math
-from collections.abc import Awaitable, Callable, Iterable
+import socket
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
 import msgspec
 import trio
 
 from runtime.auth import Authenticator, Principal
-from runtime.oauth import AuthUnavailable, OAuthVerifier, TokenRefused, client_secret, metadata_paths
+from runtime.oauth import AuthUnavailable, OAuthVerifier, TokenRefused, TooManyNewTokens, client_secret, metadata_paths
 from runtime.calls import TraceOrigin
 from runtime.clock import clock_reader
 from runtime.daemon import Daemon
@@ -82,6 +83,7 @@ from runtime.transports.asgi import (
     lifespan,
     read_body,
 )
+from runtime.transports.h1 import source_of
 from runtime.transports.http_sessions import CallBox, LegacySession, PushStream, SessionTable
 
 #: How long a call is awaited before its client's disconnect is watched for too.
@@ -114,6 +116,15 @@ def _trace_origin(headers: RequestHeaders, session_id: str | None) -> TraceOrigi
     raw = headers.get(b"tracestate") if text is not None else None
     state = raw.decode("latin-1") if raw is not None else None
     return TraceOrigin(text, state if valid_tracestate(state) else None, session_id, "tcp")
+
+
+def _asgi_source(scope: dict[str, Any]) -> Hashable | None:
+    """The client address of an ASGI request as the per-address limits count it (``source_of``)."""
+    client = scope.get("client")
+    if not client:
+        return None
+    host = str(client[0])
+    return source_of(socket.AF_INET6 if ":" in host else socket.AF_INET, (host, 0))
 
 
 def _header_title(name: bytes) -> str:
@@ -174,7 +185,7 @@ class HttpApp:
         self.streams_by: dict[str, int] = {}
         self.shutting_down = False
         self.status_counts: dict[int, int] = {}
-        self.rate_limited = {"principal": 0, "tool": 0}
+        self.rate_limited = {"principal": 0, "tool": 0, "new_tokens": 0}
         self.audit: Any = None  # an AuditLog, for calls refused before they reach a pool
         #: trio's clock when the request being read arrived (limits of one request share one reading).
         self._now = 0.0
@@ -193,7 +204,7 @@ class HttpApp:
             if headers is None:
                 headers = RequestHeaders(scope["headers"])
             await self._serve(scope["method"], scope["path"], headers, receive, Responder(send, [], ext.get("toolcell.respond")),
-                              ext.get("toolcell.take_body"), ext.get("toolcell.authenticated"))
+                              ext.get("toolcell.take_body"), ext.get("toolcell.authenticated"), _asgi_source(scope))
         elif kind == "lifespan":
             await lifespan(receive, send)
 
@@ -202,12 +213,13 @@ class HttpApp:
         read back): the same request as ``__call__`` sees, from the exchange's own fields. (Not a
         coroutine itself: what it returns is awaited by the server, one frame fewer per wake.)"""
         return self._serve(x.method, x.path, x.headers, x.receive, Responder(x.send, [], x.respond, x.respond_json),
-                           x.take_body, x.authenticated)
+                           x.take_body, x.authenticated, x.source)
 
     async def _serve(self, method: str, path: str, headers: RequestHeaders, receive: Receive, r: Responder,
-                     take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None) -> None:
+                     take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None,
+                     source: Hashable | None = None) -> None:
         try:
-            await self._http(method, path, headers, receive, r, take_body, vouch)
+            await self._http(method, path, headers, receive, r, take_body, vouch, source)
         except Exception as exc:  # noqa: BLE001 - our bug: answer 500 if we still can, never kill the server
             log("http_internal_error", level="error", error=f"{type(exc).__name__}: {exc}")
             if not r.started:
@@ -216,11 +228,13 @@ class HttpApp:
         self.status_counts[status] = self.status_counts.get(status, 0) + 1
 
     def _http(self, method: str, path: str, headers: RequestHeaders, receive: Receive, r: Responder,
-              take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None) -> Awaitable[None]:
+              take_body: Callable[[], bytes | None] | None, vouch: Callable[[], None] | None = None,
+              source: Hashable | None = None) -> Awaitable[None]:
         """What to await to answer this request: the checks every request passes are plain calls, so
         a call's coroutine is awaited by ``_serve`` directly, not through one frame per check.
         ``take_body``: the whole body if the server already has it (else None: read ``receive``).
-        ``vouch``: the server's word for "this connection passed authentication" (h1's budget)."""
+        ``vouch``: the server's word for "this connection passed authentication" (h1's budget).
+        ``source``: the client's address as per-address limits count it (an IPv6 /64; None: unknown)."""
         if headers.duplicate is not None:
             # RFC 9112 3.2 (Host), and the same for every header a decision here reads: which of two
             # values would count is exactly what an attacker would like to choose.
@@ -261,7 +275,8 @@ class HttpApp:
         principal = self.auth.authenticate(authorization)
         if principal is None:
             if authorization and self.oauth is not None:
-                return self._oauth_then(method, headers, receive, r, take_body, authorization, self.oauth, vouch)
+                return self._oauth_then(method, headers, receive, r, take_body, authorization, self.oauth, vouch,
+                                        source)
             return self._unauthorized(r)
         return self._route(method, headers, principal, receive, r, take_body, vouch)
 
@@ -289,12 +304,19 @@ class HttpApp:
 
     async def _oauth_then(self, method: str, headers: RequestHeaders, receive: Receive, r: Responder,
                           take_body: Callable[[], bytes | None] | None, authorization: bytes,
-                          oauth: OAuthVerifier, vouch: Callable[[], None] | None = None) -> None:
+                          oauth: OAuthVerifier, vouch: Callable[[], None] | None = None,
+                          source: Hashable | None = None) -> None:
         """A token not seen before: check it with the issuer's keys (or introspection), then go on."""
         try:
-            principal = await oauth.verify(authorization)
+            principal = await oauth.verify(authorization, source)
         except TokenRefused as refused:
             return await self._unauthorized(r, refused)
+        except TooManyNewTokens as exc:
+            self.rate_limited["new_tokens"] += 1  # toolcell_http_rate_limited{limit="new_tokens"}
+            retry = max(1, math.ceil(exc.retry_after_s))
+            return await self._plain_error(r, 429, f"Too Many Requests: {exc}; nothing was checked, retry in "
+                                           f"{retry} s (a client keeps using the token it has)",
+                                           [(b"retry-after", str(retry).encode())])
         except AuthUnavailable as exc:
             log("oauth_unavailable", level="warning", error=str(exc))
             return await self._plain_error(r, 503, "Service Unavailable: access tokens cannot be checked now "

@@ -31,6 +31,10 @@ def issuer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Issuer]:
 def _config(issuer: Issuer, tmp: Path, **extra: str) -> str:
     secret = tmp / "introspection-secret"
     secret.write_text(CLIENT_SECRET + "\n")
+    # These tests send many tokens never seen before from one address: the budgets for those have
+    # tests of their own (``test_new_tokens_*``), here they are out of the way unless a test sets them.
+    extra = {"new_tokens_per_address": "{ per_s = 1000, burst = 1000 }",
+             "new_tokens_rate": "{ per_s = 1000, burst = 1000 }", **extra}
     lines = "\n".join(f"{k} = {v}" for k, v in extra.items())
     return f'''
 policy = "none"
@@ -437,3 +441,135 @@ async def test_a_hung_issuer_cannot_take_the_daemons_worker_threads(issuer: Issu
                 for i in range(60):
                     nursery.start_soon(verifier.verify, f"Bearer opaque-{i}".encode())
         assert default.borrowed_tokens == 0
+
+
+# -- the budget of tokens never seen before (pre-auth cost: a signature check, an introspection) -------
+
+
+def _limits(per_address: tuple[float, float] = (1000.0, 1000.0), total: tuple[float, float] = (1000.0, 1000.0),
+            **extra: Any) -> dict[str, Any]:
+    from runtime.http_config import RateLimit
+
+    return {"new_tokens_per_address": RateLimit(per_s=per_address[0], burst=per_address[1]),
+            "new_tokens_rate": RateLimit(per_s=total[0], burst=total[1]), **extra}
+
+
+def _counting_checks(verifier: Any) -> list[str]:
+    """Record every token the verifier really checks (its signature path)."""
+    checked: list[str] = []
+    real = verifier._check_jwt
+
+    async def check(token: str) -> Any:
+        checked.append(token)
+        return await real(token)
+
+    verifier._check_jwt = check
+    return checked
+
+
+async def test_new_tokens_from_one_address_past_its_budget_are_not_checked(issuer: Issuer,
+                                                                          mock_clock: Any) -> None:
+    from runtime.oauth import TokenRefused, TooManyNewTokens
+
+    verifier = _verifier(issuer, **_limits(per_address=(1.0, 3.0)))
+    checked = _counting_checks(verifier)
+    tokens = [b"Bearer " + issuer.token(jti=f"a{i}").encode() for i in range(3)]
+    for token in tokens:
+        await verifier.verify(token, "203.0.113.7")
+    forged = RSAKey.generate_key(2048, parameters={"kid": "rsa-1"})
+    with pytest.raises(TooManyNewTokens) as limited:
+        await verifier.verify(b"Bearer " + issuer.token(key=forged).encode(), "203.0.113.7")
+    assert 0 < limited.value.retry_after_s <= 1.0 and "this address" in str(limited.value)
+    assert len(checked) == 3 and verifier.limited == 1  # the forged token was never looked at
+    # Another address has its own budget; a token already checked never needs one.
+    assert (await verifier.verify(b"Bearer " + issuer.token(jti="b").encode(), "198.51.100.1")).name == "oauth:alice"
+    assert all(verifier.cached(token) is not None for token in tokens)
+    # The bucket refills at per_s: a second later the address may bring one new token again.
+    mock_clock.jump(1.0)
+    with pytest.raises(TokenRefused):
+        await verifier.verify(b"Bearer " + issuer.token(key=forged).encode(), "203.0.113.7")
+
+
+async def test_new_tokens_from_every_address_together_have_a_budget_too(issuer: Issuer, mock_clock: Any) -> None:
+    from runtime.oauth import TooManyNewTokens
+
+    verifier = _verifier(issuer, **_limits(total=(2.0, 4.0)))
+    checked = _counting_checks(verifier)
+    for i in range(4):
+        await verifier.verify(b"Bearer " + issuer.token(jti=str(i)).encode(), f"192.0.2.{i}")
+    with pytest.raises(TooManyNewTokens) as limited:
+        await verifier.verify(b"Bearer " + issuer.token(jti="x").encode(), "192.0.2.99")
+    assert "all clients" in str(limited.value) and len(checked) == 4
+    with pytest.raises(TooManyNewTokens):  # no address known (a unix socket): the budget for all applies
+        await verifier.verify(b"Bearer " + issuer.token(jti="y").encode())
+    mock_clock.jump(0.5)
+    await verifier.verify(b"Bearer " + issuer.token(jti="z").encode(), "192.0.2.99")
+
+
+async def test_a_refused_token_is_answered_from_memory_without_a_check_or_a_budget(issuer: Issuer,
+                                                                                 mock_clock: Any) -> None:
+    from runtime.oauth import TokenRefused
+
+    verifier = _verifier(issuer, **_limits(per_address=(0.001, 2.0), refused_memory_s=60.0))
+    checked = _counting_checks(verifier)
+    forged = b"Bearer " + issuer.token(key=RSAKey.generate_key(2048, parameters={"kid": "rsa-1"})).encode()
+    for _ in range(10):  # a client retrying its bad token: one check, one unit of its address's budget
+        with pytest.raises(TokenRefused) as refused:
+            await verifier.verify(forged, "203.0.113.9")
+        assert "signature" in refused.value.description
+    assert len(checked) == 1
+    await verifier.verify(b"Bearer " + issuer.token(jti="still").encode(), "203.0.113.9")  # budget left: 1
+    mock_clock.jump(61)  # forgotten: checked again (from another address: this one's budget is spent)
+    with pytest.raises(TokenRefused):
+        await verifier.verify(forged, "203.0.113.10")
+    assert len(checked) == 3
+
+
+async def test_a_token_refused_for_now_only_is_checked_again(issuer: Issuer, mock_clock: Any) -> None:
+    """Not valid *yet* and a key the issuer may publish after a rotation are not remembered."""
+    from runtime.oauth import TokenRefused
+
+    verifier = _verifier(issuer, **_limits())
+    checked = _counting_checks(verifier)
+    early = b"Bearer " + issuer.token(nbf=int(time.time()) + 600).encode()
+    unknown_kid = b"Bearer " + issuer.token(key=RSAKey.generate_key(2048, parameters={"kid": "later"})).encode()
+    for token in (early, early, unknown_kid, unknown_kid):
+        with pytest.raises(TokenRefused):
+            await verifier.verify(token, "203.0.113.5")
+    assert len(checked) == 4
+
+
+def test_a_flood_of_made_up_tokens_gets_429_and_never_reaches_the_identity_provider(
+        issuer: Issuer, tmp_path: Path, client: httpx2.Client) -> None:
+    """Against a real daemon with the default budgets: made-up opaque tokens from one address reach the
+    introspection endpoint at most the address's burst; the rest are answered 429 with Retry-After,
+    and a token checked before and a static token are served throughout."""
+    srv = start_server(tmp_path, _config(issuer, tmp_path, new_tokens_per_address="{ per_s = 5, burst = 20 }",
+                                         new_tokens_rate="{ per_s = 100, burst = 200 }"))
+    try:
+        good = issuer.token(jti="good")
+        assert modern_post(client, srv.url, "tools/list", token=good).status_code == 200
+        before = issuer.hits["/introspect"]
+        statuses = []
+        for i in range(60):
+            r = modern_post(client, srv.url, "tools/list", token=f"made-up-{i}-{time.time_ns()}")
+            statuses.append(r.status_code)
+            if r.status_code == 429:
+                assert 1 <= int(r.headers["retry-after"]) <= 5 and "nothing was checked" in r.text
+        assert statuses.count(429) >= 30, statuses
+        assert set(statuses) == {401, 429}, statuses
+        assert issuer.hits["/introspect"] - before <= 21 + 5  # the burst (20, the good one spent 1) + refill
+        assert modern_post(client, srv.url, "tools/list", token=good).status_code == 200
+        assert modern_post(client, srv.url, "tools/list", token=TOKENS["full"]).status_code == 200
+    finally:
+        stop_server(srv)
+
+
+def test_the_hypercorn_engine_counts_new_tokens_by_the_same_client_address() -> None:
+    from runtime.transports.http import _asgi_source
+
+    assert _asgi_source({"client": ("203.0.113.7", 5000)}) == "203.0.113.7"
+    assert _asgi_source({"client": ("::ffff:203.0.113.7", 5000)}) == "203.0.113.7"
+    one, other = _asgi_source({"client": ("2001:db8:1:2::5", 1)}), _asgi_source({"client": ("2001:db8:1:2::9", 2)})
+    assert one == other != _asgi_source({"client": ("2001:db8:1:3::5", 1)})  # one /64, one budget
+    assert _asgi_source({"client": None}) is None and _asgi_source({}) is None
