@@ -17,14 +17,13 @@ import trio
 
 from runtime import __version__
 from runtime.config import Config
+from runtime.connection import run_call
+from runtime.daemon import open_daemon
 from runtime.plugins import awaiting_approval
+from runtime.protocol.core import ConnState, Reply, ToolCall
 
 async def _call(cfg: Config, name: str, arguments: Any) -> tuple[int, Any, list[str]]:
     """(exit code, the result or error, hints for an unknown tool)."""
-    from runtime.connection import run_call
-    from runtime.daemon import open_daemon
-    from runtime.protocol.core import ConnState, Reply, ToolCall
-
     async with open_daemon(cfg) as daemon:
         state = ConnState()
         core = daemon.core

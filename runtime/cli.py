@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import trio
 
-from runtime import __version__, cli_help, logs
+from runtime import __version__, auth, cli_help, logs
 from runtime.config import Config, ConfigError, load_config
 from runtime.progress import progress
 from runtime.scope import scope_of
@@ -80,7 +80,7 @@ def table(rows: list[list[str]], headers: list[str]) -> str:
 
 
 async def _serve(cfg: Config, args: argparse.Namespace) -> None:
-    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
+    # Lazy: only `serve` loads the daemon and its transports (~80 ms more than --help loads).
     from runtime.serve import serve
 
     await serve(cfg, stdio=args.stdio, http=args.http, unix=args.unix, scope=scope_of(args.config, cfg.plugins))
@@ -117,6 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _address_in_use_advice(cfg: Config) -> str:
     """What to do when the address is taken: which toolcell daemons of this state dir serve what, and a
     free port to serve on instead."""
+    # Lazy: kept out of `toolcell bench`, which main() runs before build_parser loads it (reload_cli).
     from runtime.reload import running_daemons
 
     lines = ["  another program listens there. Stop it, or serve on another address, e.g. "
@@ -138,7 +139,7 @@ def _free_port() -> int:
 
 
 async def _describe(cfg: Config) -> Any:
-    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
+    # Lazy: only list and check load the daemon (~20 ms more than --help loads).
     from runtime.daemon import open_daemon
 
     async with open_daemon(cfg, describe_only=True) as daemon:
@@ -156,8 +157,9 @@ async def _describe_showing(cfg: Config, installing: str) -> Any:
 
 def _installs(cfg: Config) -> list[str]:
     """What loading the configured plugins may install: their dependencies and server packages."""
+    # Lazy: kept out of `toolcell bench`, which main() runs before build_parser loads these (imports).
     from runtime.manifest import ManifestError, load_manifest
-    from runtime.plugins import discover
+    from runtime.plugins import discover  # lazy: as the line above
 
     found: list[str] = []
     for path in discover(cfg.plugins):
@@ -261,6 +263,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
+    # Lazy: only `call` loads the daemon and the connection code (~25 ms more than --help loads).
     from runtime.call_cli import run_call_command
 
     cfg = _config(args)
@@ -271,21 +274,21 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
+    # Lazy: kept out of `toolcell bench`, which main() runs before build_parser loads it.
     from runtime.reload_cli import run_reload
 
     return run_reload(_config(args), args)
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
+    # Lazy: kept out of `toolcell bench`, which main() runs before build_parser loads it.
     from runtime.task_cli import run_tasks_command
 
     return run_tasks_command(load_config(args.config, {"plugins": args.plugins}), args, table)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
+    # Lazy: only `doctor` loads it (~3 ms with sysconfig, which --help never loads).
     from runtime import doctor
 
     return int(doctor.main(["--json"] if args.json else []))
@@ -324,32 +327,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plugin_dir").complete = shtab_dir  # type: ignore[attr-defined]
     p.set_defaults(func=cmd_check)
 
-    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
-    from runtime import imports
+    # Lazy: every command but `toolcell bench` builds this parser, and main() runs bench before it:
+    # these modules (~210 ms after this module's imports, mostly runtime.imports) stay out of bench.
+    from runtime import client_install, imports, reload_cli, task_cli
 
     imports.register(sub, _add_common, _config)  # add, import, approve
-
-    from runtime import client_install
 
     p = sub.add_parser("install", help="write an MCP client's configuration to use toolcell "
                                        "(claude-desktop, claude-code, cursor, vscode)")
     client_install.add_arguments(p)
     p.set_defaults(func=client_install.run_install)
 
-    from runtime import reload_cli
-
     p = sub.add_parser("reload", help="ask the daemon(s) of this configuration to reload their plugin folders (SIGHUP)")
     reload_cli.add_arguments(p)
     p.set_defaults(func=cmd_reload)
 
     p = sub.add_parser("tasks", help="list the tasks in the task store, or show one (reads the store directly)")
-    # Lazy: a subcommand loads only what it uses (the CLI's start-up cost).
-    from runtime.task_cli import add_arguments
-
-    add_arguments(p)
+    task_cli.add_arguments(p)
     p.set_defaults(func=cmd_tasks)
-
-    from runtime import auth
 
     p = sub.add_parser("token", help="mint a bearer token for the HTTP transport and print its [[http.tokens]] entry")
     auth.add_token_arguments(p)
@@ -370,7 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in[:1] == ["bench"]:
-        from runtime.bench.cli import main as bench  # its own parser and dependencies (the bench extra)
+        # Lazy: only `toolcell bench` loads runtime.bench (its own parser; hdrh and plotly, the bench
+        # extra); no other command and never the daemon (tests/bench/test_bench_pieces.py checks).
+        from runtime.bench.cli import main as bench
 
         return bench(args_in[1:])  # its --help carries its own examples (the README's, checked by a test)
     args = build_parser().parse_args(args_in)

@@ -107,7 +107,7 @@ def render(report: dict[str, Any]) -> tuple[str, bool]:
 def file_watching() -> tuple[bool, str]:
     """Whether plugin folders can be watched for changes (``watchfiles``), and what to do if not."""
     try:
-        # Lazy: watchfiles (and its Rust extension) only when the check runs.
+        # Imported here, not at the top: this check reports a failing import instead of crashing doctor.
         import watchfiles
     except Exception as exc:  # noqa: BLE001 (any import failure means the same thing here)
         return False, (f"watchfiles cannot be imported ({type(exc).__name__}: {exc}); plugins reload only on SIGHUP "

@@ -105,7 +105,8 @@ def which(name: str) -> str | None:
 
 def uv_bin() -> str:
     try:
-        # Lazy: the uv package is looked up only when something is installed.
+        # Lazy: CLI commands that install nothing load this module but not uv's package (~1 ms); without
+        # the package, uv is looked up on PATH (the except below).
         from uv import find_uv_bin
 
         return str(find_uv_bin())

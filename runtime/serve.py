@@ -29,6 +29,7 @@ from runtime.scope import Scope
 from sandbox.isolation import cgroups
 from runtime.audit import AuditLog
 from runtime.daemon import open_daemon
+from runtime.execution.pool import PHASES
 from runtime.metrics import Metrics
 from runtime.metrics import serve_metrics
 from runtime.reload import serve_reloaders
@@ -194,8 +195,6 @@ def _tracing() -> Any:
         logs.log("tracing_unavailable", level="warning", error=f"the OTEL_* environment asks for traces, but "
                  f"{exc.name or 'opentelemetry'} is not installed: pip install 'toolcell[otel]'")
         return None
-    from runtime.execution.pool import PHASES  # lazy like the daemon itself (see serve)
-
     PHASES.on = True  # the pools time each call's queue wait and worker round trip (the child spans)
     tracer = Tracing()
     logs.log("tracing", exporter="otlp", endpoint=os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")

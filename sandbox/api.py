@@ -43,6 +43,7 @@ import msgspec
 from sandbox import asking
 from sandbox.errors import ToolError
 from sandbox.json_schema import inline_refs
+from sandbox.wire import LOG_LEVELS, Log, Progress
 
 __all__ = [
     "tool",
@@ -160,14 +161,10 @@ class CallContext:
         if self._last_progress is not None and progress <= self._last_progress:
             return  # the protocol requires progress to increase; drop non-increasing reports
         self._last_progress = progress
-        from sandbox.wire import Progress
-
         self._send(Progress(self.call_id, float(progress), None if total is None else float(total), message))
 
     def log(self, level: str, data: Any, logger: str | None = None) -> None:
         """Send a log message to the client (``notifications/message``) if its level allows."""
-        from sandbox.wire import LOG_LEVELS, Log
-
         try:
             severity = LOG_LEVELS.index(level)
         except ValueError:

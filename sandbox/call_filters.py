@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import errno
 
-from sandbox.isolation import syscalls
+from sandbox.isolation import landlock, seccomp, syscalls
 
 
 class RulesetAttr(ctypes.Structure):
@@ -18,8 +18,6 @@ class RulesetAttr(ctypes.Structure):
 
 def scope_ruleset() -> int:
     """A Landlock ruleset fd that only scopes signals and abstract sockets (ABI >= 6), or -1."""
-    from sandbox.isolation import landlock
-
     if landlock.abi_version() < 6:
         return -1
     attr = RulesetAttr(0, 0, landlock.SCOPE_ABSTRACT_UNIX_SOCKET | landlock.SCOPE_SIGNAL)
@@ -47,8 +45,6 @@ CALL_DENY: dict[str, tuple[tuple[int, int], ...]] = {
 def load_call_filter() -> None:
     """Load the ``CALL_DENY`` seccomp filter into Z, before R and any call process are forked: they
     all inherit it, and neither Z nor R needs any of these calls."""
-    from sandbox.isolation import seccomp
-
     lib = seccomp.load_library()
     ctx = lib.seccomp_init(seccomp.SCMP_ACT_ALLOW)
     if not ctx:

@@ -12,6 +12,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from sandbox import isolation
 from sandbox.wire import Init
 
 #: A directory deeper than this below a reset root is moved up to the root before it is emptied
@@ -227,8 +228,6 @@ class Reset:
 
 def reset_roots(init: Init) -> list[str]:
     """The directories to reset after every call: scratch, and /tmp and /dev/shm where private."""
-    from sandbox import isolation
-
     granted = [os.path.realpath(p) for p in init.permissions.write]
 
     def granted_path(p: str) -> bool:  # a granted path inside a root is a mount point there: left alone

@@ -89,7 +89,9 @@ def _run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: An
                 return Result(call.id, [{"type": "text", "text": f"Invalid arguments: {exc}"}], is_error=True)
         value = tdef.fn(**kwargs)
         if tdef.is_async:
-            import asyncio  # imported by main() when the plugin has an async tool
+            # Lazy: asyncio costs ~40 ms of worker start-up and only async tools need it (the worker's
+            # main() imports it before serving when the plugin has one, so this is a lookup).
+            import asyncio
 
             value = asyncio.run(value)
         if isinstance(value, api.ToolResult):

@@ -244,6 +244,7 @@ def main(fd: int = IPC_FD, spare: bool = False) -> None:
     what every worker needs while waiting, and adopt the environment ``Init`` carries."""
     if spare:
         try:
+            # Lazy: a spare loads isolation (~30 ms) while it waits for Init; a failure is reported below.
             from sandbox import isolation
         except Exception:  # noqa: BLE001, S110 (imported again below, where a failure is reported)
             pass
@@ -255,6 +256,7 @@ def main(fd: int = IPC_FD, spare: bool = False) -> None:
         _adopt_env(init.env)
     sys.path[:0] = [p for p in init.sys_path if p not in sys.path]
     try:
+        # Imported here, not at the top: a failing import reaches the daemon as LoadFailed (stage isolation).
         from sandbox import isolation
 
         layers, missing = isolation.apply(init)
@@ -262,6 +264,7 @@ def main(fd: int = IPC_FD, spare: bool = False) -> None:
         chan.send(LoadFailed(f"isolation failed: {type(exc).__name__}: {exc}", stage="isolation"))
         return
     if init.command:
+        # Lazy: only a worker that hosts an MCP server (init.command) uses it (~1 ms the others skip).
         from sandbox import hosted
 
         hosted.run(chan, init, layers, missing)
@@ -284,6 +287,7 @@ def main(fd: int = IPC_FD, spare: bool = False) -> None:
         return
     tools = {t.name: t for t in defs}
     if init.mode == "per_call":
+        # Lazy: only per_call workers fork a zygote; pooled workers skip its ~20 ms of imports.
         from sandbox import zygote
 
         zygote.serve(chan, tools, init)

@@ -80,10 +80,11 @@ import socket
 import struct
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from sandbox import api
+from sandbox import api, isolation
 from sandbox.isolation import syscalls
 from sandbox.wire import (
     HEADER,
@@ -185,8 +186,6 @@ def _prctl_args(option: int, arg2: int = 0) -> tuple[Any, ...]:
 
 
 def _make_kit(tools: dict[str, api.ToolDef], init: Init) -> _Kit:
-    from sandbox import isolation
-
     kit = _Kit(tools)
     layered = init.policy != "none"
     if layered and "landlock" not in isolation.last_reasons:
@@ -1025,8 +1024,6 @@ def serve(chan: Any, tools: dict[str, api.ToolDef], init: Init) -> None:
             syscalls.prctl(syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
             _Relay(chan, r_end, reset).serve()
         except BaseException:  # noqa: BLE001 (Z sees R exit and stops the worker)
-            import traceback
-
             traceback.print_exc()  # our bug: to the daemon's log
             code = 1
         finally:

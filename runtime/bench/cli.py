@@ -47,6 +47,7 @@ EXAMPLES = [
 
 
 def _gate(text: str) -> object:
+    # lazy: gates imports hdrh (the bench extra) through report and stats; main() checks for it first
     from runtime.bench import gates
 
     try:
@@ -136,6 +137,7 @@ def compare_parser() -> argparse.ArgumentParser:
 
 
 def _compare(argv: Sequence[str]) -> int:
+    # lazy: these import hdrh (the bench extra); main() checks for it first and prints EXTRA_HINT
     from runtime.bench import compare, gates, report
 
     p = compare_parser()
@@ -163,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``toolcell bench``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        # lazy: a probe for the bench extra, so that without it the command says what to install
         import hdrh.histogram  # noqa: F401
-        import msgspec  # noqa: F401
     except ImportError:
         print(EXTRA_HINT, file=sys.stderr)
         return 2
@@ -173,10 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.html:
         try:
+            # lazy: a probe for plotly (the bench extra), which only --html needs
             import plotly  # noqa: F401
         except ImportError:
             print(f"--html: {EXTRA_HINT}", file=sys.stderr)
             return 2
+    # lazy: these import hdrh (the bench extra), checked for above
     from runtime.bench import gates, load, report, runner, scenario, targets
 
     try:
@@ -220,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        ceiling=not args.no_ceiling, phases=not args.no_phases, baseline=args.baseline, fresh=args.fresh)
     events: runner.Events | None = None
     if not args.quiet and sys.stderr.isatty():
+        # lazy: only at a terminal (progress imports the runner, hence hdrh: the bench extra)
         from runtime.bench.progress import Display
 
         events = Display()
@@ -241,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "wb") as f:
             f.write(report.to_json(result))
     if args.html:
+        # lazy: it imports plotly, which only --html needs (and which was checked for above)
         from runtime.bench import html_report
 
         html_report.write(result, args.html)

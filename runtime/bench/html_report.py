@@ -10,7 +10,8 @@ It answers "which is faster, by how much" first, with every target on the same c
   target): errors, the server's CPU µs per call and its RSS, every target overlaid;
 * per target, latency over time (p50 and p99 of each 0.25 s interval);
 
-then the tables of the text report. Plotly renders the plots as SVG in the browser. Log axes
+then the tables of the text report. Only ``--html`` imports this module (``runtime.bench.cli`` checks
+for plotly first). Plotly renders the plots as SVG in the browser. Log axes
 carry explicit 1-2-5 ticks written out in full (plotly's own label every digit between decades
 as "2 3 4 ... 9").
 """
@@ -20,6 +21,9 @@ from __future__ import annotations
 import html
 import math
 from typing import Any
+
+import plotly.graph_objects as go
+import plotly.io as pio
 
 from runtime.bench.report import Report, Segment, environment_lines, table, verdict
 
@@ -77,8 +81,6 @@ def _timelines(report: Report, name: str) -> list[tuple[Segment, float]]:
 
 
 def _throughput(report: Report) -> Any:
-    import plotly.graph_objects as go
-
     steps = report.config.get("steps", [])
     ceilings = {t.name for t in report.targets if t.ceiling}
     fig = go.Figure()
@@ -106,8 +108,6 @@ def _throughput(report: Report) -> Any:
 
 
 def _latency_per_step(report: Report, step: str) -> Any:
-    import plotly.graph_objects as go
-
     ceilings = {t.name for t in report.targets if t.ceiling}
     rows = [r for r in report.summary if r.step == step and r.curve]
     if not rows:
@@ -128,8 +128,6 @@ def _latency_per_step(report: Report, step: str) -> Any:
 
 def _over_time(report: Report, names: list[str], key: str, title: str, unit: str, log: bool) -> Any:
     """One chart of a per-interval figure, every target overlaid; None when nothing has it."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     every: list[float] = []
     for name in names:
@@ -155,8 +153,6 @@ def _over_time(report: Report, names: list[str], key: str, title: str, unit: str
 
 
 def _timeline(report: Report, name: str) -> Any:
-    import plotly.graph_objects as go
-
     segs = _timelines(report, name)
     if not segs:
         return None
@@ -207,8 +203,6 @@ def figures(report: Report) -> list[tuple[str, Any]]:
 
 def render(report: Report) -> str:
     """The whole page."""
-    import plotly.io as pio
-
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>toolcell bench report</title>",
              f"<style>{_STYLE}</style></head><body>", "<h1>toolcell bench</h1>"]
     cfg = report.config

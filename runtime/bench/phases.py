@@ -19,6 +19,7 @@ from __future__ import annotations
 import urllib.request
 
 import msgspec
+from prometheus_client.parser import text_string_to_metric_families
 
 PHASES = ("queue", "channel", "worker")
 
@@ -38,8 +39,6 @@ Sample = dict[tuple[str, str, str], float]
 
 def scrape(url: str, timeout_s: float = 2.0) -> Sample | None:
     """The phase counters now: {(metric, plugin, phase): value}; None if unreachable."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (our own loopback listener)
             text = response.read().decode()

@@ -25,6 +25,7 @@ import json
 import tomllib
 from typing import Any
 
+import jsonschema_rs
 import msgspec
 
 from runtime.bench import wire
@@ -158,8 +159,6 @@ def from_flags(calls: list[str], tool: str | None, arguments: str | None, list_w
 
 def schema_check(schema: dict[str, Any]) -> Any:
     """A compiled validator's ``is_valid`` for an expected ``structuredContent`` schema."""
-    import jsonschema_rs
-
     try:
         return jsonschema_rs.validator_for(schema).is_valid
     except (ValueError, jsonschema_rs.ValidationError) as exc:

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -226,8 +227,6 @@ class Live:
         self.conn = HttpTarget(Endpoint(url, self.headers, self.insecure), self.modern, self.server)
 
     def _wait_listening(self, url: str) -> None:
-        from urllib.parse import urlsplit
-
         parts = urlsplit(url)
         deadline = time.monotonic() + max(60.0, self.timeout_s)
         assert self.server is not None

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import sys
 
-from sandbox.isolation import cgroups, egress, hygiene, identity, landlock, namespaces, paths, rlimits, seccomp
+from sandbox.isolation import cgroups, egress, hygiene, identity, landlock, namespaces, paths, rlimits, seccomp, syscalls
 from sandbox.wire import Init
 
 LAYERS = ("hygiene", "rlimits", "identity", "cgroup", "namespaces", "landlock", "seccomp")
@@ -153,8 +153,6 @@ def apply(init: Init) -> tuple[list[str], list[str]]:
     else:
         applied.add("identity")  # never root: the daemon's own unprivileged uid
         if entered and not ns_err:
-            from sandbox.isolation import syscalls
-
             syscalls.drop_all_capabilities()
     if entered is not None:
         os.close(entered.alive_fd)

@@ -13,12 +13,14 @@ import os
 import select
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
 
+from sandbox import isolation
 from sandbox.isolation import LAYERS, cgroups, egress, identity, landlock, namespaces, paths, rlimits, seccomp, syscalls
 from sandbox.wire import Init, Limits, Permissions
 
@@ -205,8 +207,6 @@ def probe_seccomp(_: int) -> str:
     seccomp.load_library()
     syscalls.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)
     denied = seccomp.build_and_load(allow_inet=False)
-    import socket
-
     try:
         socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
     except PermissionError:
@@ -317,8 +317,6 @@ def probe_profile(policy: str = "strict") -> tuple[bool, str]:
 
     def run(report: int) -> str:
         os.dup2(report, 3)
-        from sandbox import isolation
-
         try:
             applied, missing = isolation.apply(_probe_init(scratch, policy))
         except BaseException as exc:  # noqa: BLE001 (the report fd is 3 now: the caller's is closed)
