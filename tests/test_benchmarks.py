@@ -98,3 +98,12 @@ def test_the_limit_and_floor_servers_answer_every_call_with_its_own_text(tmp_pat
     assert set(rows) == {"limit", "floor-task", "floor-inline"}
     for name, row in rows.items():
         assert row["calls_per_s"] > 0 and not row["errors"], (name, row)
+
+
+def test_worker_loop_measures_a_pooled_workers_own_cost_per_call() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "worker_loop.py"), "--calls", "300", "--batch", "1,4",
+                           "--repeat", "1"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [(r[0].strip(), r[1].strip()) for r in rows[1:]] == [("1", "off"), ("1", "on"), ("4", "off"), ("4", "on")]
+    assert all(float(r[2]) > 0 and float(r[3].replace(",", "")) > 0 for r in rows[1:])

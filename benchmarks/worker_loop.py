@@ -1,0 +1,85 @@
+"""What a pooled worker's own loop costs per call, apart from the daemon: ``sandbox.worker.serve`` in a
+forked child (no isolation layer) over a socket pair, fed ``echo`` calls in batches from the parent,
+with and without the after-call guard (``sandbox.call_guard``: the thread count, the ``waitpid`` for
+leftover processes, the CPU limit). Prints the child's CPU per call (user + system) and its calls/s.
+
+    python benchmarks/worker_loop.py [--calls 40000] [--batch 1,8] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sandbox import api, worker  # noqa: E402
+from sandbox.wire import Call, encode_frame, split_frames  # noqa: E402
+
+
+@api.tool
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    return text
+
+
+def run_once(calls: int, batch: int, guard_cpu_s: int) -> tuple[float, float]:
+    """(worker CPU µs per call, calls/s) for one run."""
+    tools = {t.name: t for t in api.TOOLS}
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the worker: serve until the socket closes
+        ours.close()
+        worker.serve(worker.Channel(theirs.detach()), tools, guard_cpu_s)
+        os._exit(0)
+    theirs.close()
+    frames = [encode_frame(Call(i, "echo", {"text": "hi"})) for i in range(calls)]
+    buf = bytearray()
+    got = sent = 0
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    while got < calls:
+        ours.sendall(b"".join(frames[sent:sent + batch]))
+        sent += batch
+        want = min(calls, got + batch)
+        while got < want:
+            chunk = ours.recv(1 << 20)
+            if not chunk:
+                raise SystemExit("the worker closed its socket")
+            buf += chunk
+            got += len(split_frames(buf))
+    wall = time.perf_counter() - start
+    ours.close()
+    os.waitpid(pid, 0)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return cpu / calls * 1e6, calls / wall
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=40_000)
+    parser.add_argument("--batch", default="1,8", help="calls per write, comma-separated")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    print(f"python {sys.version.split()[0]}, {len(os.sched_getaffinity(0))} cores, {args.calls} calls per run, "
+          f"median of {args.repeat}")
+    print("| calls per write | guard | worker CPU µs/call | calls/s |")
+    print("|---:|---|---:|---:|")
+    for batch in (int(b) for b in args.batch.split(",")):
+        for guard in (0, 60):
+            runs = [run_once(args.calls, batch, guard) for _ in range(args.repeat)]
+            cpu = statistics.median(r[0] for r in runs)
+            rate = statistics.median(r[1] for r in runs)
+            print(f"| {batch} | {'on' if guard else 'off'} | {cpu:.1f} | {rate:,.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
