@@ -3,7 +3,7 @@ forked child (no isolation layer) over a socket pair, fed ``echo`` calls in batc
 with and without the after-call guard (``sandbox.call_guard``: the thread count, the ``waitpid`` for
 leftover processes, the CPU limit). Prints the child's CPU per call (user + system) and its calls/s.
 
-    python benchmarks/worker_loop.py [--calls 40000] [--batch 1,8] [--repeat 3]
+    python benchmarks/worker_loop.py [--calls 40000] [--batch 1,8] [--repeat 3] [--tree DIR]
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+#: The source tree measured: this file's, or ``--tree DIR`` (another checkout, to compare two).
+TREE = sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv else str(Path(__file__).resolve().parents[1])
+sys.path.insert(0, TREE)
 
 from sandbox import api, worker  # noqa: E402
-from sandbox.wire import Call, encode_frame, split_frames  # noqa: E402
+from sandbox.wire import Call, Result, encode_frame, from_worker_decoder, split_frames  # noqa: E402
 
 
 @api.tool
@@ -53,7 +55,8 @@ def run_once(calls: int, batch: int, guard_cpu_s: int) -> tuple[float, float]:
             if not chunk:
                 raise SystemExit("the worker closed its socket")
             buf += chunk
-            got += len(split_frames(buf))
+            # Answers only (a worker of an older tree follows each Result with a CallReturned frame).
+            got += sum(isinstance(from_worker_decoder.decode(f), Result) for f in split_frames(buf))
     wall = time.perf_counter() - start
     ours.close()
     os.waitpid(pid, 0)
@@ -67,9 +70,10 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=40_000)
     parser.add_argument("--batch", default="1,8", help="calls per write, comma-separated")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tree", help="measure the sandbox of another checkout (default: this one)")
     args = parser.parse_args()
-    print(f"python {sys.version.split()[0]}, {len(os.sched_getaffinity(0))} cores, {args.calls} calls per run, "
-          f"median of {args.repeat}")
+    print(f"tree {TREE}; python {sys.version.split()[0]}, {len(os.sched_getaffinity(0))} cores, {args.calls} calls "
+          f"per run, median of {args.repeat}")
     print("| calls per write | guard | worker CPU µs/call | calls/s |")
     print("|---:|---|---:|---:|")
     for batch in (int(b) for b in args.batch.split(",")):
