@@ -107,3 +107,12 @@ def test_worker_loop_measures_a_pooled_workers_own_cost_per_call() -> None:
     rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert [(r[0].strip(), r[1].strip()) for r in rows[1:]] == [("1", "off"), ("1", "on"), ("4", "off"), ("4", "on")]
     assert all(float(r[2]) > 0 and float(r[3].replace(",", "")) > 0 for r in rows[1:])
+
+
+def test_daemon_path_drives_a_real_daemon_in_process_and_every_call_succeeds() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "daemon_path.py"), "--seconds", "0.3",
+                           "--repeat", "1", "-c", "4"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    median = next(line for line in proc.stdout.splitlines() if line.startswith("| median"))
+    calls_per_s, thread_us = (float(v.strip().replace(",", "")) for v in median.split("|")[2:4])
+    assert calls_per_s > 0 and thread_us > 0
