@@ -357,7 +357,9 @@ class WorkerPool(CallsInFlight):
             return
         self.in_flight += 1
         self.queue.append(slot)
-        self._grow_for_queue()
+        # ``_room() > 0`` written out: a saturated pool (the common case under load) asks nothing more.
+        if min(self.limits.max_concurrency, self._cpu_size + self.asking) > len(self.workers) + self.starting:
+            self._grow_for_queue()
 
     async def run(self, tool: str, arguments: dict[str, Any], progress: bool, log_level: int,
                   on_event: Callable[[Any], None] | None) -> wire.Result:
