@@ -122,9 +122,10 @@ def compare_parser() -> argparse.ArgumentParser:
                     "difference is more than noise. Exit 1 on a regression (for CI), 2 on unusable input.",
         epilog="examples:\n  toolcell bench compare base.json new.json\n"
                "  toolcell bench compare base.json new.json --threshold 5 --alpha 0.01 --markdown > comment.md\n"
-               "  toolcell bench compare base.json new.json --fail-if 'p99>50ms'")
-    p.add_argument("base", metavar="BASE.json")
-    p.add_argument("new", metavar="NEW.json")
+               "  toolcell bench compare base.json new.json --fail-if 'p99>50ms'\n"
+               "  toolcell bench compare run.json:before run.json:after   # two targets of one run")
+    p.add_argument("base", metavar="BASE.json", help="a --json report, or REPORT.json:TARGET for one of its targets")
+    p.add_argument("new", metavar="NEW.json", help="the same (two targets of one run: run.json:before run.json:after)")
     p.add_argument("--threshold", type=float, default=10.0, metavar="PCT",
                    help="a significant change counts as a regression only beyond this percent (default 10)")
     p.add_argument("--alpha", type=float, default=0.05, metavar="P",
@@ -146,10 +147,19 @@ def _compare(argv: Sequence[str]) -> int:
         print("toolcell bench compare: --alpha must be between 0 and 1, --threshold not negative", file=sys.stderr)
         return 2
     try:
-        base, new = report.load(args.base), report.load(args.new)
+        (base, base_target), (new, new_target) = report.load_side(args.base), report.load_side(args.new)
     except ValueError as exc:
         print(f"toolcell bench compare: {exc}", file=sys.stderr)
         return 2
+    if (base_target is None) != (new_target is None):
+        print("toolcell bench compare: name a target on both sides (REPORT.json:TARGET) or on neither",
+              file=sys.stderr)
+        return 2
+    if base_target is not None and new_target is not None and base_target != new_target:
+        # Two targets (of one run, or of two): compared as one row, named for both.
+        label = f"{new_target} vs {base_target}"
+        base = report.only_target(base, base_target, label)
+        new = report.only_target(new, new_target, label)
     changes = compare.compare(base, new, args.threshold, args.alpha)
     if not changes:
         print("toolcell bench compare: the reports have no (target, step) in common", file=sys.stderr)

@@ -343,6 +343,29 @@ def to_json(report: Report) -> bytes:
     return msgspec.json.format(msgspec.json.encode(report), indent=1)
 
 
+def load_side(spec: str) -> tuple[Report, str | None]:
+    """One side of ``toolcell bench compare``: ``REPORT.json`` or ``REPORT.json:TARGET`` (one target of
+    a report, so that two targets of one run can be compared). ValueError if it is not usable."""
+    if not os.path.exists(spec) and ":" in spec:
+        path, target = spec.rsplit(":", 1)
+        report = load(path)
+        names = [t.name for t in report.targets]
+        if target not in names:
+            raise ValueError(f"{path} has no target {target!r} (it has: {', '.join(names)})")
+        return only_target(report, target, target), target
+    return load(spec), None
+
+
+def only_target(report: Report, target: str, renamed: str) -> Report:
+    """``report`` with only ``target``'s segments and summary, under the name ``renamed``."""
+    return msgspec.structs.replace(
+        report,
+        targets=[msgspec.structs.replace(t, name=renamed) for t in report.targets if t.name == target],
+        segments=[msgspec.structs.replace(s, target=renamed) for s in report.segments if s.target == target],
+        summary=[msgspec.structs.replace(s, target=renamed) for s in report.summary if s.target == target],
+        baseline=None)
+
+
 def load(path: str) -> Report:
     """A report written by ``--json``; ValueError if it is not one."""
     try:

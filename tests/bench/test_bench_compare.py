@@ -124,6 +124,32 @@ def test_compare_writes_markdown_for_a_pull_request_comment(base: dict[str, Any]
     assert len(rows) == 2 * 3 and all(row.count("|") == 10 for row in rows)
 
 
+def _before_and_after(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """One report holding ``before``'s only target as "before" and ``after``'s as "after" (a run of two)."""
+    out: dict[str, Any] = json.loads(json.dumps(before))
+    for part in ("segments", "summary"):
+        out[part] = [{**row, "target": "before"} for row in before[part]] + \
+                    [{**row, "target": "after"} for row in after[part]]
+    (target,) = before["targets"]
+    out["targets"] = [{**target, "name": "before"}, {**target, "name": "after"}]
+    return out
+
+
+def test_two_targets_of_one_run_are_compared_repeat_by_repeat(base: dict[str, Any], tmp_path: Path) -> None:
+    run_of_two = write(tmp_path, "two", _before_and_after(base, changed(base, set(range(1, REPEATS + 1)), calls=0.5)))
+    worse = run("compare", f"{run_of_two}:before", f"{run_of_two}:after")
+    assert worse.returncode == 1, (worse.stdout, worse.stderr)
+    assert "after vs before" in worse.stdout and "calls/s -50.0%" in worse.stdout
+    assert run("compare", f"{run_of_two}:after", f"{run_of_two}:before").returncode == 0
+    same = write(tmp_path, "same", _before_and_after(base, base))
+    unchanged = run("compare", f"{same}:before", f"{same}:after")
+    assert unchanged.returncode == 0 and "REGRESSION" not in unchanged.stdout, unchanged.stdout
+    missing = run("compare", f"{run_of_two}:before", f"{run_of_two}:nope")
+    assert missing.returncode == 2 and "no target 'nope'" in missing.stderr and "before, after" in missing.stderr
+    one_sided = run("compare", f"{run_of_two}:before", run_of_two)
+    assert one_sided.returncode == 2 and "on both sides" in one_sided.stderr
+
+
 def test_compare_refuses_what_is_not_a_report(base: dict[str, Any], tmp_path: Path) -> None:
     junk = tmp_path / "junk.json"
     junk.write_text("{}")
