@@ -123,7 +123,7 @@ def compare_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  toolcell bench compare base.json new.json\n"
                "  toolcell bench compare base.json new.json --threshold 5 --alpha 0.01 --markdown > comment.md\n"
                "  toolcell bench compare base.json new.json --fail-if 'p99>50ms'\n"
-               "  toolcell bench compare run.json:before run.json:after   # two targets of one run")
+               "  toolcell bench compare run.json:before run.json:after")
     p.add_argument("base", metavar="BASE.json", help="a --json report, or REPORT.json:TARGET for one of its targets")
     p.add_argument("new", metavar="NEW.json", help="the same (two targets of one run: run.json:before run.json:after)")
     p.add_argument("--threshold", type=float, default=10.0, metavar="PCT",
