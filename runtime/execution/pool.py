@@ -13,9 +13,11 @@ How this works:
   spent running (decayed sums), the pool wants ``ceil(cores / r)`` workers, plus one for every call
   waiting on its client. So CPU-bound calls get as many workers as there are cores (more would only
   add context switches and memory), calls that sleep get one each, up to the ceiling. Before any call
-  has finished, calls count as CPU-bound. When the size grows, calls batched behind running ones are
-  taken back to run at once on new workers. A worker with nothing to do for ``IDLE_RETIRE_S`` stops,
-  down to ``min_workers``.
+  has finished, calls count as CPU-bound. When the size grows, it serves the queue from then on;
+  calls already batched behind a running one stay on their worker (it may have started them
+  already: a worker goes on to its next call before the daemon reads the last one's answer, and a
+  call is never run twice). A worker with nothing to do for ``IDLE_RETIRE_S`` stops, down to
+  ``min_workers``.
 * A call goes to an idle worker if there is one: not at once, but at the pool's next dispatch,
   which runs right after the tasks the scheduler is running now (one tick, microseconds later),
   so calls that arrive together (HTTP requests read in one scheduler pass, a burst on stdio) are
@@ -253,10 +255,11 @@ class WorkerPool(CallsInFlight):
         return self._size() - len(self.workers) - self.starting
 
     def _learn(self, msg: wire.Result) -> None:
-        """Fold a finished call's share of blocked time into the pool's size (``_cpu_size``). When the
-        pool may grow after all, calls batched behind running ones (given while the pool was full) are
-        taken back to run on new workers."""
-        before = self._cpu_size
+        """Fold a finished call's share of blocked time into the pool's size (``_cpu_size``). A larger
+        size serves the queue from now on; calls already batched onto a worker stay there: they may
+        be running already (a worker goes on to its next call before the daemon has read the answer
+        to the last), and a call is never run twice. (A call that *asks* is different: its worker is
+        provably blocked in it, so the calls behind it have not started: ``ask``.)"""
         run_ns = msg.run_ns if msg.run_ns > 0 else 0
         blocked_ns = msg.blocked_ns
         self._run_ns = self._run_ns * SIZING_DECAY + run_ns
@@ -269,10 +272,6 @@ class WorkerPool(CallsInFlight):
         if self._run_ns > 0:
             running_share = max(MIN_RUNNING_SHARE, 1.0 - self._blocked_ns / self._run_ns)
             self._cpu_size = max(1, math.ceil(self.cores / running_share - 1e-9))
-        if self._cpu_size > before and self._room() > 0:
-            for worker in list(self.workers):
-                if len(worker.pending) > 1 and not worker.dead:
-                    self._take_back(worker, "its calls turned out to block: the pool grows to run them at once")
 
     async def _shrink_when_idle(self) -> None:
         """Stop workers that found nothing to do for ``IDLE_RETIRE_S``, down to ``min_workers``."""
