@@ -13,8 +13,9 @@ Conversation:
    proxy's listening socket attached (``SCM_RIGHTS``), before any plugin code runs.
 3. daemon -> worker: ``Call`` frames, possibly several in one write when the pool is saturated; the
    worker runs them one at a time, in order, and answers each with zero or more ``Progress`` / ``Log``
-   frames, exactly one ``Result``, then ``CallReturned`` (results of a batch may arrive in one write);
-   a pooled worker's runtime usually writes the two as one ``ResultReturned`` frame.
+   frames, exactly one ``Result``, then ``CallReturned``; a pooled worker's runtime usually writes the
+   two as one ``ResultReturned`` frame, and always before it starts its next call (so the daemon knows
+   which call runs: the one whose deadline runs, the only one a crash or timeout may fail).
    A ``CancelCall`` for a call that has not started makes the worker answer it at once, unrun.
    ``Result`` is the answer, relayed to the client at once; ``CallReturned`` is the worker's runtime
    saying that the call's code has returned (per_call: that its processes are all dying). Plugin

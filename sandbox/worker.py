@@ -110,8 +110,6 @@ def load_plugin(init: Init) -> list[api.ToolDef]:
     return list(api.TOOLS)
 
 
-#: Results of a batch are held back at most this long, so a slow call still answers promptly.
-FLUSH_AFTER_S = 0.002
 #: Between the calls of a batch, the socket is polled (for a ``CancelCall`` of a queued call, more
 #: calls, ``Shutdown``) once this long has passed since it was last read: a poll between every two
 #: quick calls nearly always finds nothing (a failed ``recv`` and an exception each). A cancel that
@@ -130,7 +128,6 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
     queue: collections.deque[Call] = collections.deque()
     cancelled: set[int] = set()
     out: list[bytes] = []
-    first_unsent = 0.0
 
     def flush() -> None:
         if out:
@@ -200,15 +197,20 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
             if not queue:
                 continue
         call = queue.popleft()
-        if not out:
-            first_unsent = time.monotonic()
         # Each answer below is a ResultReturned (a Result and its CallReturned in one frame), written
         # only here, after the call's code returned (and the guard found nothing left): the daemon
         # keeps this worker busy, with the call's deadline running, until it reads one.
         if call.id in cancelled:
             cancelled.discard(call.id)
             out.append(encode_frame(ResultReturned(call.id, [{"type": "text", "text": "cancelled"}], is_error=True)))
-        elif guard is None:
+            continue  # nothing ran: it may share the next write
+        # Every earlier answer leaves before this call starts: the daemon must always know which call
+        # runs (its deadline is the one running; if the worker dies or times out, that call fails and
+        # only the calls after it, which cannot have started, run elsewhere). Held back while a slow
+        # call ran, an answer made the daemon blame the wrong call and run the slow one again.
+        if out:
+            flush()
+        if guard is None:
             out.append(encode_result(run_call(tools, call, send, exchange_for(call), returned=True)))
         else:
             guard.before()
@@ -226,8 +228,6 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
                 os.write(2, f"toolcell worker: {reason}; this worker retires and a fresh one takes its place\n".encode())
                 os._exit(LEFTOVER_EXIT)
             out.append(encode_result(result))
-        if not queue or time.monotonic() - first_unsent > FLUSH_AFTER_S:
-            flush()
 
 
 def _adopt_env(env: dict[str, str]) -> None:
