@@ -7,6 +7,7 @@ interpreters with the same ``spawn_process``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -167,6 +168,7 @@ def _sigchld_seen(signum: int, frame: Any) -> None:
 async def serve_reaper(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Reap adopted children whenever one may have died (SIGCHLD), at most every 50 ms, and every
     ``REAP_INTERVAL_S`` in any case (a signal may be missed while another sweep runs)."""
+    installed = False
     try:
         if signal.getsignal(signal.SIGCHLD) in (signal.SIG_DFL, None):
             # A Python-level handler that does nothing is what trio restores when the receiver
@@ -174,6 +176,7 @@ async def serve_reaper(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGN
             # with SIG_DFL CPython raises "Signal 17 ignored due to race condition" in whatever
             # code runs next (an embedded daemon's host, a test).
             signal.signal(signal.SIGCHLD, _sigchld_seen)
+            installed = True
         receiver = trio.open_signal_receiver(signal.SIGCHLD)
         signals: Any = receiver.__enter__()
     except (RuntimeError, ValueError):  # not in the main thread (embedded): poll only
@@ -191,6 +194,14 @@ async def serve_reaper(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGN
     finally:
         if receiver is not None:
             receiver.__exit__(None, None, None)
+        if installed and signal.getsignal(signal.SIGCHLD) is _sigchld_seen:
+            # Leave the process as found: a Python-level handler left installed makes every later
+            # SIGCHLD (a host's or a test's children exiting) write to the signal wake-up fd, and
+            # while trio tears a run down that fd is already closed: the write failed as an
+            # "Exception ignored" (EBADF, or EPIPE once the number was reused) in whatever ran next.
+            # (``signal.signal`` first runs any handler already pending, so none is lost to SIG_DFL.)
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 REAP_INTERVAL_S = 2.0

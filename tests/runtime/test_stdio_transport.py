@@ -613,3 +613,19 @@ async def test_a_batch_over_the_message_cap_is_refused_whole(daemon: Daemon) -> 
     assert refused["id"] is None and refused["error"]["code"] == -32600
     assert f"at most {MAX_BATCH_MESSAGES} messages" in refused["error"]["message"]
     assert isinstance(served, list) and len(served) == MAX_BATCH_MESSAGES
+
+
+async def test_an_embedded_daemon_leaves_the_sigchld_handler_as_it_found_it(
+        make_plugin: Callable[..., Path], tmp_path: Path) -> None:
+    """The reaper installs a Python-level SIGCHLD handler; left behind, every later SIGCHLD of the host
+    (here: pytest) wrote to the signal wake-up fd, which trio closes before restoring it when a run
+    ends: an "Exception ignored" (EBADF / EPIPE) failed whatever test ran then."""
+    import signal
+
+    assert signal.getsignal(signal.SIGCHLD) in (signal.SIG_DFL, None)
+    plugins = make_plugin("probe", probe_plugins.PROBE, limits={"timeout_s": 10, "max_concurrency": 1})
+    cfg = load_config(None, {"plugins": [str(plugins)], "policy": "none", "watch": False,
+                             "state_dir": str(tmp_path / "state"), "log_level": "error"})
+    async with open_daemon(cfg):
+        assert signal.getsignal(signal.SIGCHLD) not in (signal.SIG_DFL, None)  # the reaper's, while it runs
+    assert signal.getsignal(signal.SIGCHLD) in (signal.SIG_DFL, None)
