@@ -18,26 +18,13 @@ import struct
 import sys
 from typing import Any
 
-import jsonschema_rs
 import msgspec
 import trio
 
-SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
-TOOLS = {"tools": [{"name": "echo", "description": "Return the text unchanged.", "inputSchema": SCHEMA}]}
+from limit_server import Server as LimitServer  # the same directory: benchmarks/
+
 HEADER = struct.Struct(">I")
 INLINE = "--inline" in sys.argv
-
-
-class Params(msgspec.Struct):
-    name: str = ""
-    arguments: dict[str, Any] = {}
-    protocolVersion: str = "2025-06-18"
-
-
-class Request(msgspec.Struct):
-    method: str = ""
-    id: msgspec.Raw = msgspec.Raw(b"")
-    params: msgspec.Raw = msgspec.Raw(b"")
 
 
 def split(buf: bytearray) -> list[bytes]:
@@ -74,17 +61,17 @@ class Worker:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = trio.socket.from_stdlib_socket(sock)
         self.out: list[bytes] = []
+        #: Call id -> what its answer goes to: the request id (``--inline``), or (event, box) of its task.
         self.waiting: dict[int, Any] = {}
 
 
-class Server:
+class Server(LimitServer):
+    """``limit_server.Server`` whose calls run in ``workers`` forked worker processes."""
+
+    NAME = "floor"
+
     def __init__(self, workers: int) -> None:
-        self.out: list[bytes] = []
-        self.wake = trio.Event()
-        self.validator = jsonschema_rs.validator_for(SCHEMA)
-        self.decode = msgspec.json.Decoder(Request).decode
-        self.params = msgspec.json.Decoder(Params).decode
-        self.encode = msgspec.json.Encoder().encode
+        super().__init__()
         self.penc = msgspec.msgpack.Encoder().encode
         self.rdec = msgspec.msgpack.Decoder(tuple[int, list[dict[str, Any]]]).decode
         self.workers: list[Worker] = []
@@ -101,40 +88,38 @@ class Server:
         self.turn = 0
         self.flush_due = trio.Event()
 
-    def reply(self, request_id: msgspec.Raw, result: Any) -> None:
-        self.out.append(b'{"jsonrpc":"2.0","id":' + bytes(request_id) + b',"result":' + self.encode(result) + b"}\n")
-        self.wake.set()
-
-    def send_call(self, request_id: msgspec.Raw, raw: msgspec.Raw) -> None:
-        """``--inline``: no task per call; the reader answers the client when the result comes."""
+    def submit(self, request_id: msgspec.Raw, raw: msgspec.Raw, waiter: Any) -> bool:
+        """Check the call and queue it for the next worker in turn (its answer goes to ``waiter``, or
+        to ``request_id`` when None); False: refused, answered already."""
         params = self.params(raw)
         if params.name != "echo" or not self.validator.is_valid(params.arguments):
             self.reply(request_id, {"content": [{"type": "text", "text": "invalid"}], "isError": True})
-            return
+            return False
         self.next_id += 1
         w = self.workers[self.turn]
         self.turn = (self.turn + 1) % len(self.workers)
-        w.waiting[self.next_id] = request_id
+        w.waiting[self.next_id] = request_id if waiter is None else waiter
         body = self.penc((self.next_id, "echo", params.arguments))
         w.out.append(HEADER.pack(len(body)) + body)
         self.flush_due.set()
+        return True
+
+    def start_call(self, nursery: trio.Nursery, request_id: msgspec.Raw, raw: msgspec.Raw) -> None:
+        if INLINE:  # no task per call: the worker's reader answers the client
+            self.submit(request_id, raw, None)
+        else:
+            nursery.start_soon(self.call, request_id, raw)
 
     async def call(self, request_id: msgspec.Raw, raw: msgspec.Raw) -> None:
-        params = self.params(raw)
-        if params.name != "echo" or not self.validator.is_valid(params.arguments):
-            self.reply(request_id, {"content": [{"type": "text", "text": "invalid"}], "isError": True})
-            return
-        self.next_id += 1
-        w = self.workers[self.turn]
-        self.turn = (self.turn + 1) % len(self.workers)
-        done = trio.Event()
-        box: list[Any] = []
-        w.waiting[self.next_id] = (done, box)
-        body = self.penc((self.next_id, "echo", params.arguments))
-        w.out.append(HEADER.pack(len(body)) + body)
-        self.flush_due.set()
-        await done.wait()
-        self.reply(request_id, {"content": box[0], "isError": False})
+        done, box = trio.Event(), []
+        if self.submit(request_id, raw, (done, box)):
+            await done.wait()
+            self.reply(request_id, {"content": box[0], "isError": False})
+
+    def start_background(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self.flush_calls)
+        for w in self.workers:
+            nursery.start_soon(self.read_results, w)
 
     async def flush_calls(self) -> None:
         while True:
@@ -151,52 +136,13 @@ class Server:
             buf += await w.sock.recv(1 << 18)
             for frame in split(buf):
                 call_id, content = self.rdec(frame)
+                waiter = w.waiting.pop(call_id)
                 if INLINE:
-                    self.reply(w.waiting.pop(call_id), {"content": content, "isError": False})
-                    continue
-                done, box = w.waiting.pop(call_id)
-                box.append(content)
-                done.set()
-
-    async def write(self, stdout: trio.lowlevel.FdStream) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake = trio.Event()
-            data, self.out = b"".join(self.out), []
-            await stdout.send_all(data)
-
-    async def serve(self) -> None:
-        stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
-        stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
-        buf = b""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.write, stdout)
-            nursery.start_soon(self.flush_calls)
-            for w in self.workers:
-                nursery.start_soon(self.read_results, w)
-            while True:
-                chunk = await stdin.receive_some(1 << 16)
-                if not chunk:
-                    nursery.cancel_scope.cancel()
-                    return
-                *lines, buf = (buf + chunk).split(b"\n")
-                for line in lines:
-                    if not line.strip():
-                        continue
-                    msg = self.decode(line)
-                    if msg.method == "tools/call":
-                        if INLINE:
-                            self.send_call(msg.id, msg.params)
-                        else:
-                            nursery.start_soon(self.call, msg.id, msg.params)
-                    elif msg.method == "initialize":
-                        version = self.params(msg.params).protocolVersion if msg.params else "2025-06-18"
-                        self.reply(msg.id, {"protocolVersion": version, "capabilities": {"tools": {}},
-                                            "serverInfo": {"name": "floor", "version": "1"}})
-                    elif msg.method == "tools/list":
-                        self.reply(msg.id, TOOLS)
-                    elif msg.method == "ping":
-                        self.reply(msg.id, {})
+                    self.reply(waiter, {"content": content, "isError": False})
+                else:
+                    done, box = waiter
+                    box.append(content)
+                    done.set()
 
 
 if __name__ == "__main__":

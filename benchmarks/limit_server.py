@@ -35,6 +35,9 @@ class Request(msgspec.Struct):
 
 
 class Server:
+    #: ``serverInfo.name`` in the initialize response.
+    NAME = "limit"
+
     def __init__(self) -> None:
         self.out: list[bytes] = []
         self.wake = trio.Event()
@@ -54,6 +57,13 @@ class Server:
             return
         self.reply(request_id, {"content": [{"type": "text", "text": params.arguments["text"]}], "isError": False})
 
+    def start_call(self, nursery: trio.Nursery, request_id: msgspec.Raw, raw: msgspec.Raw) -> None:
+        """A ``tools/call``: one task each (``floor_server.py`` changes this)."""
+        nursery.start_soon(self.call, request_id, raw)
+
+    def start_background(self, nursery: trio.Nursery) -> None:
+        """Tasks a subclass serves beside the reader and the writer (none here)."""
+
     async def write(self, stdout: trio.lowlevel.FdStream) -> None:
         while True:
             await self.wake.wait()
@@ -67,6 +77,7 @@ class Server:
         buf = b""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.write, stdout)
+            self.start_background(nursery)
             while True:
                 chunk = await stdin.receive_some(1 << 16)
                 if not chunk:
@@ -78,11 +89,11 @@ class Server:
                         continue
                     msg = self.decode(line)
                     if msg.method == "tools/call":
-                        nursery.start_soon(self.call, msg.id, msg.params)
+                        self.start_call(nursery, msg.id, msg.params)
                     elif msg.method == "initialize":
                         version = self.params(msg.params).protocolVersion if msg.params else "2025-06-18"
                         self.reply(msg.id, {"protocolVersion": version, "capabilities": {"tools": {}},
-                                            "serverInfo": {"name": "limit", "version": "1"}})
+                                            "serverInfo": {"name": self.NAME, "version": "1"}})
                     elif msg.method == "tools/list":
                         self.reply(msg.id, TOOLS)
                     elif msg.method == "ping":
