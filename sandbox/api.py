@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import inspect
 import re
 import typing
@@ -135,7 +136,7 @@ class CallContext:
                  "traceparent")
 
     def __init__(self, call_id: int, send: Callable[[Any], None], want_progress: bool, log_level: int,
-                 exchange: Callable[[list[Any]], list[Any]] | None = None, traceparent: str = "") -> None:
+                 exchange: Callable[[int, list[Any]], list[Any]] | None = None, traceparent: str = "") -> None:
         self.call_id = call_id
         #: The W3C ``traceparent`` of this call's span in the daemon ("" when the daemon does not trace):
         #: give it to your own OpenTelemetry tracer as the parent of the spans you make.
@@ -151,7 +152,10 @@ class CallContext:
     def _asker(self) -> asking.Asker:
         """Made at the first question (most calls ask nothing)."""
         if self._asker_ is None:
-            self._asker_ = asking.Asker(self._exchange)
+            # ``exchange(call_id, requests)`` serves every call of the worker: bound here to this call's id,
+            # so a context kept past its call still asks only for its own call.
+            exchange = self._exchange
+            self._asker_ = asking.Asker(None if exchange is None else functools.partial(exchange, self.call_id))
         return self._asker_
 
     def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:

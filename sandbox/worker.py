@@ -152,26 +152,25 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
         flush()
         chan.send(m)
 
-    def exchange_for(call: Call) -> Any:
-        def exchange(requests: list[Any]) -> list[Any]:
-            """Ask the daemon, block until its ``Answer`` for this call; frames that arrive meanwhile
-            (more calls, cancels of queued ones) are absorbed as usual."""
-            flush()
-            chan.send(Ask(call.id, requests))
-            while True:
-                try:
-                    frames = chan.recv_frames()
-                except EOFError:
-                    os._exit(0)  # the daemon is gone: nobody is waiting for this call
-                for i, raw in enumerate(frames):
-                    msg = to_worker_decoder.decode(raw)
-                    if isinstance(msg, Answer) and msg.id == call.id:
-                        if not absorb(frames[i + 1:]):
-                            os._exit(0)
-                        return list(msg.responses)
-                    if not isinstance(msg, Answer) and not absorb([raw]):
-                        os._exit(0)  # Shutdown while a call waits: the daemon stops this worker
-        return exchange
+    def exchange(call_id: int, requests: list[Any]) -> list[Any]:
+        """Ask the daemon for the call ``call_id``, block until its ``Answer``; frames that arrive
+        meanwhile (more calls, cancels of queued ones) are absorbed as usual. One function for every
+        call: each call's context passes its own id (``api.CallContext``)."""
+        flush()
+        chan.send(Ask(call_id, requests))
+        while True:
+            try:
+                frames = chan.recv_frames()
+            except EOFError:
+                os._exit(0)  # the daemon is gone: nobody is waiting for this call
+            for i, raw in enumerate(frames):
+                msg = to_worker_decoder.decode(raw)
+                if isinstance(msg, Answer) and msg.id == call_id:
+                    if not absorb(frames[i + 1:]):
+                        os._exit(0)
+                    return list(msg.responses)
+                if not isinstance(msg, Answer) and not absorb([raw]):
+                    os._exit(0)  # Shutdown while a call waits: the daemon stops this worker
 
     read_at = 0.0  # when the socket was last read to its end
     while True:
@@ -211,10 +210,10 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
         if out:
             flush()
         if guard is None:
-            out.append(encode_result(run_call(tools, call, send, exchange_for(call), returned=True)))
+            out.append(encode_result(run_call(tools, call, send, exchange, returned=True)))
         else:
             guard.before()
-            result = run_call(tools, call, send, exchange_for(call), returned=True)
+            result = run_call(tools, call, send, exchange, returned=True)
             left = guard.after()
             if left is not None:
                 # The daemon sends this worker nothing more and requeues what it had sent after this
