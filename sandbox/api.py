@@ -44,7 +44,7 @@ import msgspec
 from sandbox import asking
 from sandbox.errors import ToolError
 from sandbox.json_schema import inline_refs
-from sandbox.wire import LOG_LEVELS, Log, Progress
+from sandbox.wire import LOG_LEVELS, Call, Log, Progress
 
 __all__ = [
     "tool",
@@ -211,18 +211,35 @@ class CallContext:
 
 
 _current: CallContext | None = None
+#: The running call and what its context sends and asks with, until ``current()`` first needs the
+#: context: most tools never ask for it, so it is made then (``_begin_call``), not for every call.
+_running: tuple[Call, Callable[[Any], None], Callable[[int, list[Any]], list[Any]] | None] | None = None
 
 
 def current() -> CallContext:
     """The context of the call being run (progress and logging)."""
-    if _current is None:
-        raise RuntimeError("current() is only available while a tool call is running")
-    return _current
-
-
-def _set_current(ctx: CallContext | None) -> None:
     global _current
-    _current = ctx
+    ctx = _current
+    if ctx is None:
+        if _running is None:
+            raise RuntimeError("current() is only available while a tool call is running")
+        call, send, exchange = _running
+        ctx = _current = CallContext(call.id, send, call.progress, call.log_level, exchange, call.traceparent)
+    return ctx
+
+
+def _begin_call(call: Call, send: Callable[[Any], None],
+                exchange: Callable[[int, list[Any]], list[Any]] | None) -> None:
+    """``call`` runs now: ``current()`` returns its context (made at the first ``current()``)."""
+    global _current, _running
+    _current = None
+    _running = (call, send, exchange)
+
+
+def _end_call() -> None:
+    global _current, _running
+    _current = None
+    _running = None
 
 
 # -- tool definitions --------------------------------------------------------------------------

@@ -86,7 +86,7 @@ def _run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: An
     tdef = tools.get(call.tool)
     if tdef is None:
         return _failed(f"Unknown tool: {call.tool}")
-    api._set_current(api.CallContext(call.id, send, call.progress, call.log_level, exchange, call.traceparent))
+    api._begin_call(call, send, exchange)
     try:
         if tdef.args_type is not None:
             try:
@@ -130,7 +130,7 @@ def _run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: An
                        "processes and threads, limits.max_processes)")
         return _failed(message, traceback.format_exc(limit=20))
     finally:
-        api._set_current(None)
+        api._end_call()
 
 
 def _out_of_processes(exc: BaseException) -> bool:
