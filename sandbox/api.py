@@ -31,6 +31,7 @@ This module runs inside the worker only; it never imports trio.
 
 from __future__ import annotations
 
+import _thread
 import base64
 import dataclasses
 import functools
@@ -214,6 +215,7 @@ _current: CallContext | None = None
 #: The running call and what its context sends and asks with, until ``current()`` first needs the
 #: context: most tools never ask for it, so it is made then (``_begin_call``), not for every call.
 _running: tuple[Call, Callable[[Any], None], Callable[[int, list[Any]], list[Any]] | None] | None = None
+_making = _thread.allocate_lock()
 
 
 def current() -> CallContext:
@@ -221,10 +223,13 @@ def current() -> CallContext:
     global _current
     ctx = _current
     if ctx is None:
-        if _running is None:
-            raise RuntimeError("current() is only available while a tool call is running")
-        call, send, exchange = _running
-        ctx = _current = CallContext(call.id, send, call.progress, call.log_level, exchange, call.traceparent)
+        with _making:  # one context per call, even if two threads of the call ask at once
+            ctx = _current
+            if ctx is None:
+                if _running is None:
+                    raise RuntimeError("current() is only available while a tool call is running")
+                call, send, exchange = _running
+                ctx = _current = CallContext(call.id, send, call.progress, call.log_level, exchange, call.traceparent)
     return ctx
 
 
