@@ -280,6 +280,9 @@ class Connection:
             if (type(action) is ToolCall and not action.task_mode and action.request_state is None
                     and action.input_responses is None and not self.draining):
                 # The hot path (a plain call): the rules below, without the pattern machinery.
+                if self.admit is None and action.request_id not in self.inflight:
+                    self.start(action, sink)
+                    return Started(action)
                 refusal = self._refuse_call(action)
                 if refusal is None:
                     self.start(action, sink)

@@ -111,6 +111,7 @@ _PARAMS: dict[str, msgspec.json.Decoder[Any]] = {
        ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel", "tasks/update")},
 }
 _other_params: msgspec.json.Decoder[Any] = msgspec.json.Decoder(OtherParams)
+_CALL_PARAMS = _PARAMS["tools/call"]
 
 
 @dataclass
@@ -153,6 +154,15 @@ class Reply(msgspec.Struct, frozen=True):
     request_id: Any = None
     #: A ``tools/call`` answered without running: (the tool name asked for, why) for the audit log.
     refused: tuple[str, str] | None = None
+
+
+def _plain_text_json(items: list[Any]) -> bytes | None:
+    """The JSON of ``items`` if every one is a bare text block (``{"type": "text", "text": str}``:
+    clean as it is, see ``sanitize_content``); None for anything else."""
+    for item in items:
+        if type(item) is not dict or len(item) != 2 or item.get("type") != "text" or type(item.get("text")) is not str:
+            return None
+    return _enc.encode(items)
 
 
 def requested_tool(raw_params: msgspec.Raw) -> str:
@@ -351,7 +361,37 @@ class Core:
             return self._error(state, None, exc, modern=False)
         if isinstance(env, list):
             return self._batch(state, env, catalog)
+        if env.method == "tools/call" and state.legacy_version is not None:
+            action = self._legacy_call(state, env, catalog)
+            if action is not None:
+                return action
         return self.run(state, self.parse(state, env), catalog)
+
+    def _legacy_call(self, state: ConnState, env: rpc.Envelope, catalog: Catalog | None) -> Action | None:
+        """A well-formed legacy ``tools/call`` (the common request) the way ``parse`` and ``run`` take
+        it, without their general steps; None for anything else (malformed params, a 2026-07-28
+        ``_meta``, a bad id), which they handle."""
+        request_id = env.id
+        if env.jsonrpc != "2.0" or not (type(request_id) is int or type(request_id) is str) or not env.params:
+            return None
+        try:
+            params = _CALL_PARAMS.decode(env.params)
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError, ValueError):
+            return None
+        meta = params.meta
+        if meta is not None and (not isinstance(meta, dict) or eras.META_VERSION in meta):
+            return None
+        version = state.legacy_version
+        assert version is not None
+        action: Action
+        try:
+            action = self._tool_call(env, rpc.encode_id(request_id), params, version, meta, catalog, modern=False,
+                                     log_level=state.log_level, client_caps=state.client_capabilities)
+        except McpError as exc:
+            action = self._error(state, request_id, exc, modern=False)
+        if type(action) is Reply:
+            return self._refused_call(env, action)
+        return action
 
     def handle_decoded(self, state: ConnState, env: rpc.Envelope | list[msgspec.Raw],
                        catalog: Catalog | None = None) -> Action:
@@ -783,6 +823,18 @@ class Core:
     def _call_result_body(self, call: ToolCall, result: wire.Result, max_output_bytes: int,
                           in_task: bool = False) -> tuple[bytes, str | None]:
         bug: str | None = None
+        if not result.has_structured and call.entry.checked.output_validator is None:
+            # The common result, text blocks only and nothing structured: checked, measured and
+            # encoded in one pass (the same bytes ``_result_body`` makes; text needs no shaping
+            # in any era).
+            plain = _plain_text_json(result.content)
+            if plain is not None and len(plain) <= max_output_bytes:
+                body = b'{"content":' + plain + (b',"isError":true}' if result.is_error else b"}")
+                if call.modern and not in_task:
+                    body = self._wrap_modern(body)
+                elif call.modern:
+                    body = b'{"resultType":"complete",' + body[1:]
+                return body, None
         try:
             content = sanitize_content(result.content)
             structured = None

@@ -21,6 +21,8 @@ from runtime.protocol.framing import TOO_LONG, Item, LineSplitter
 class _Writer:
     def __init__(self, stream: trio.abc.SendStream) -> None:
         self.stream = stream
+        #: A pipe or file we write ourselves (``_write_fd``); None: through the stream's ``send_all``.
+        self.fd = stream.fileno() if isinstance(stream, trio.lowlevel.FdStream) else None
         self.pending: list[bytes] = []
         self.wake = trio.Event()
         self.broken = False
@@ -51,9 +53,40 @@ class _Writer:
             chunk = b"\n".join(self.pending) + b"\n"
             self.pending.clear()
             try:
-                await self.stream.send_all(chunk)
+                if self.fd is not None:
+                    await _write_fd(self.fd, chunk)
+                else:
+                    await self.stream.send_all(chunk)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self.broken = True
+
+
+async def _write_fd(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to a non-blocking ``fd``, waiting only when the pipe is full.
+
+    ``FdStream.send_all`` first yields to the scheduler on every call; the writer has just been
+    woken by the scheduler (``wake``), so that round trip only costs time (one per write: per
+    scheduler pass under load)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(fd)
+
+
+async def _read_fd(fd: int, max_bytes: int, waited: list[bool]) -> bytes:
+    """Read from a non-blocking ``fd`` what is there, or wait for something (b"": EOF).
+    ``waited[0]`` says whether it had to wait (then the scheduler ran others meanwhile)."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    while True:
+        try:
+            data = os.read(fd, max_bytes)
+        except BlockingIOError:
+            waited[0] = True
+            await trio.lowlevel.wait_readable(fd)
+            continue
+        return data
 
 
 async def _drain_on(shutdown: trio.Event, grace_s: float, session: Connection, read_scope: trio.CancelScope,
@@ -94,16 +127,28 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
             if shutdown is not None:
                 calls.start_soon(_drain_on, shutdown, grace_s, session, read_scope, drain_scope)
             lines = LineSplitter(max_line)
+            # A pipe or file is read directly (``_read_fd``): ``receive_some`` yields to the
+            # scheduler before every read, which costs a pass even when the client's next lines
+            # are already there. Here the reader yields only after a read that did not have to wait.
+            in_fd = stdin.fileno() if isinstance(stdin, trio.lowlevel.FdStream) else None
+            waited = [False]
+            chunk: bytes | bytearray
             try:
                 with read_scope:
                     while True:
                         try:
-                            chunk = await stdin.receive_some(1 << 16)
+                            if in_fd is not None:
+                                waited[0] = False
+                                chunk = await _read_fd(in_fd, 1 << 16, waited)
+                            else:
+                                chunk = await stdin.receive_some(1 << 16)
                         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                             chunk = b""
                         if not chunk:
                             break
                         _deliver(session, sink, calls, lines.feed(chunk), max_line, deferred_scope)
+                        if in_fd is not None and not waited[0]:
+                            await trio.lowlevel.checkpoint()
                     _deliver(session, sink, calls, lines.end(), max_line, deferred_scope)
                     session.stop_asking("the client closed its input; it cannot answer")
                     await session.wait_idle()

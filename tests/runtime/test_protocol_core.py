@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 from protocol_fakes import (
     ALL,
@@ -35,6 +36,7 @@ from protocol_fakes import (
     result_of,
 )
 
+from runtime.protocol import jsonrpc as rpc
 from runtime.protocol.core import ClientResponse, Core
 from sandbox import wire
 
@@ -766,3 +768,65 @@ def test_a_cursor_past_the_end_of_a_shrunken_catalog_ends_the_listing() -> None:
     current["cat"] = catalog(many(10), page_size=5, version=2)
     page = _listed(core, state, {"cursor": cursor})
     assert page["tools"] == [] and "nextCursor" not in page
+
+
+# -- the fast lane for a legacy tools/call ---------------------------------------------------------
+
+_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+CALL_MESSAGES: list[bytes] = [
+    msg("tools/call", {"name": "typed", "arguments": {"count": 1}}),
+    msg("tools/call", {"name": "typed", "arguments": {"count": 1}}, id="s-1"),
+    msg("tools/call", {"name": "typed", "arguments": {"count": -1}}),
+    msg("tools/call", {"name": "typed", "arguments": {"label": "no count"}}),
+    msg("tools/call", {"name": "typed", "arguments": [1]}),
+    msg("tools/call", {"name": "plain"}),
+    msg("tools/call", {"name": "plain", "arguments": None}),
+    msg("tools/call", {"name": "nope", "arguments": {}}),
+    msg("tools/call", {"name": 5, "arguments": {}}),
+    msg("tools/call", {"arguments": {}}),
+    msg("tools/call", None),
+    msg("tools/call", [1, 2]),
+    msg("tools/call", "text"),
+    msg("tools/call", {"name": "plain", "arguments": {}}, id=1.5),
+    msg("tools/call", {"name": "plain", "arguments": {}}, id=True),
+    msg("tools/call", {"name": "plain", "arguments": {}}, id=[1]),
+    msg("tools/call", {"name": "plain", "arguments": {}}, id=None),
+    b'{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"plain","arguments":{}}}',
+    b'{"jsonrpc":"1.0","id":1,"method":"tools/call","params":{"name":"plain","arguments":{}}}',
+    b'{"id":1,"method":"tools/call","params":{"name":"plain","arguments":{}}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"plain","arguments":{}},"extra":1}',
+    msg("tools/call", {"name": "plain", "arguments": {}, "_meta": {"progressToken": "p"}}),
+    msg("tools/call", {"name": "plain", "arguments": {}, "_meta": {"progressToken": 1.5}}),
+    msg("tools/call", {"name": "plain", "arguments": {}, "_meta": []}),
+    msg("tools/call", {"name": "plain", "arguments": {}, "_meta": {"traceparent": _TRACEPARENT, "tracestate": "a=b"}}),
+    msg("tools/call", {"name": "plain", "arguments": {}, "_meta": {"traceparent": "garbage"}}),
+    msg("tools/call", {"name": "plain", "arguments": {}, "_meta": modern_meta()}),
+    msg("tools/call", {"name": "plain", "arguments": {}, "task": {"ttl": 1000}}),
+    msg("tools/call", {"name": "rich", "arguments": {"x": 1}}),
+    msg("tools/call", {"name": "rich", "arguments": {"x": "1"}}),
+    b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"plain","arguments":{"a":' + b"[" * 900
+    + b"]" * 900 + b"}}}",
+]
+
+
+def _comparable(action: Any) -> Any:
+    if isinstance(action, ToolCall):
+        return ("ToolCall", msgspec.structs.astuple(action))
+    return action
+
+
+@pytest.mark.parametrize("version", LEGACY)
+@pytest.mark.parametrize("case", range(len(CALL_MESSAGES)))
+def test_a_legacy_tools_call_gets_the_same_action_from_the_fast_lane_as_from_parse_and_run(
+        version: str, case: int) -> None:
+    """``Core.receive`` takes a well-formed legacy ``tools/call`` without ``parse``/``run``'s general
+    steps: whatever the message (valid, refused, malformed, modern ``_meta``, odd ids), the action is
+    the one the general path gives."""
+    core = core_for()
+    data = CALL_MESSAGES[case]
+    fast = core.receive(initialized(core, version), data)
+    state = initialized(core, version)
+    env = rpc.decode_envelope(data)
+    assert not isinstance(env, list)
+    general = core.run(state, core.parse(state, env))
+    assert _comparable(fast) == _comparable(general)

@@ -314,3 +314,47 @@ def test_log_frames_with_an_out_of_range_level_are_dropped() -> None:
     core, call = start_call("2025-06-18")
     assert core.log_notification(call, wire.Log(1, 99, "x", None)) is None
     assert core.log_notification(call, wire.Log(1, -3, "x", None)) is None
+
+
+# -- the fast lane for plain text results ---------------------------------------------------------------
+
+PLAIN_RESULTS: list[tuple[list[Any], bool, bool, Any]] = [
+    # content, is_error, has_structured, structured
+    ([{"type": "text", "text": "hi"}], False, False, None),
+    ([{"type": "text", "text": "boom"}], True, False, None),
+    ([], False, False, None),
+    ([{"type": "text", "text": "a"}, {"type": "text", "text": "é\u2028\"\\\n"}], False, False, None),
+    ([{"type": "text", "text": "x" * 4069}], False, False, None),  # its JSON exactly at the limit below (4096)
+    ([{"type": "text", "text": "x" * 4070}], False, False, None),  # one byte over
+    ([{"type": "text", "text": "hi", "annotations": {"priority": 1, "lastModified": "2025-01-01T00:00:00Z"}}],
+     False, False, None),
+    ([{"type": "text", "text": "hi", "_meta": {"k": 1}}], False, False, None),
+    ([{"type": "text", "text": 5}], False, False, None),
+    ([{"type": "text"}, {"type": "text", "text": "ok"}], False, False, None),
+    ([{"type": "image", "data": PNG_B64, "mimeType": "image/png"}], False, False, None),
+    (["bare string"], False, False, None),
+    ([{"type": "text", "text": "hi"}], False, True, {"sum": 1}),
+    ([{"type": "text", "text": "hi"}], False, True, "not an object"),
+]
+
+
+@pytest.mark.parametrize("in_task", [False, True])
+@pytest.mark.parametrize("version", ALL)
+@pytest.mark.parametrize("case", range(len(PLAIN_RESULTS)))
+def test_the_plain_text_fast_lane_answers_exactly_what_the_general_checks_do(
+        version: str, case: int, in_task: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Core._call_result_body`` takes bare text blocks without the general checks: for every result,
+    era, limit edge and task form, the bytes (and the plugin-bug note) are those of the general path."""
+    import runtime.protocol.core as core_module
+
+    content, is_error, has_structured, structured = PLAIN_RESULTS[case]
+    core, call = start_call(version)
+
+    def body() -> tuple[bytes, str | None]:
+        result = wire.Result(1, json.loads(json.dumps(content)), structured, has_structured, is_error)
+        return core._call_result_body(call, result, 4096, in_task=in_task)
+
+    fast = body()
+    monkeypatch.setattr(core_module, "_plain_text_json", lambda items: None)
+    general = body()
+    assert fast == general

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -301,6 +302,46 @@ async def test_every_request_sent_before_stdin_closes_is_answered(daemon: Daemon
         got = conv.responses()
         assert {key(i) for i in ids} <= set(got), f"round {round_}: answered only {sorted(got)}"
         assert text_of(got[key(ids[2])]) == "last"
+
+
+async def test_over_real_pipes_a_client_that_reads_late_loses_nothing(daemon: Daemon) -> None:
+    """stdin and stdout as the pipes a client really gives (``FdStream``s, read and written directly
+    by the transport): all requests arrive before the daemon reads, the answers overflow the pipe
+    (the client reads nothing until it has sent everything), and every call is still answered once."""
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    text = "x" * 2000
+    count = 150  # ~300 KB of answers: several times what a pipe holds
+    data = INIT + b"".join(req("tools/call", {"name": "echo", "arguments": {"text": f"{i}:{text}"}}, id=i)
+                           for i in range(1, count + 1))
+    os.write(in_w, data[:60000])  # the rest follows while the daemon is already answering
+    stdin = trio.lowlevel.FdStream(in_r)
+    stdout = trio.lowlevel.FdStream(out_w)
+    client_in = trio.lowlevel.FdStream(in_w)
+    client_out = trio.lowlevel.FdStream(out_r)
+    output = bytearray()
+    with trio.fail_after(WAIT_S):
+        async with trio.open_nursery() as nursery:
+            async def serve() -> None:
+                await serve_stdio(daemon, stdin, stdout)
+                await stdout.aclose()
+
+            nursery.start_soon(serve)
+            await client_in.send_all(data[60000:])
+            await trio.sleep(0.3)  # the daemon meanwhile fills the pipe and waits for it to drain
+            await client_in.aclose()
+            while True:
+                chunk = await client_out.receive_some(1 << 16)
+                if not chunk:
+                    break
+                output += chunk
+    await stdin.aclose()
+    await client_out.aclose()
+    answers = [json.loads(line) for line in bytes(output).split(b"\n") if line]
+    by_id = {m["id"]: m for m in answers}
+    assert len(answers) == count + 1 and sorted(by_id) == list(range(count + 1))
+    for i in range(1, count + 1):
+        assert text_of(by_id[i]) == f"{i}:{text}"
 
 
 # -- many calls, one connection ---------------------------------------------------------------------
