@@ -244,10 +244,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> Config:
     given = {k: v for k, v in overrides.items() if v is not None}
     raw.update(given)
     raw = _with_tokens_file(raw)
-    cfg, decoding = config_problems.decode(raw, Config)
-    found: list[config_problems.Problem | str] = list(decoding)
-    if cfg is not None:
-        found += check_config(cfg)
+    cfg, found = config_problems.find_all(raw, Config, check_config)
     if found:
         # A problem with a value given on the command line is not in the file: no position for it.
         located = config_problems.locate_all(source, [p for p in found if not _from_flags(p, given)])
