@@ -13,8 +13,8 @@ never reported missing, and a value whose absence its table cannot decode withou
 takes its enclosing table with it, up to the nearest one that has a default or is an entry of a
 table of tables -- never one item of a list (the items after it would be renumbered, and then
 reported under another index): the whole list instead. A semantic check then sees the default where
-the value was left out, so its sentences about a left-out key are not reported either: they would be
-about a value the file does not hold.
+the value was left out, so its sentences about a left-out key (or about a table that held one) are
+not reported either: they would be about a value the file does not hold.
 """
 
 from __future__ import annotations
@@ -115,13 +115,14 @@ def _dotted(keys: Key) -> str:
 
 
 def _about_left_out(sentence: str, left_out: list[Key]) -> bool:
-    """Whether ``sentence`` names a key at or under one whose value was left out."""
+    """Whether ``sentence`` names a key whose value was left out, one under it, or a table holding it
+    (``secrets.B: give one of env, ...`` when ``secrets.B.env`` was left out for its type)."""
     lead = _LEADING_KEY.match(sentence)
     named = [lead.group(1)] if lead else []
     named += [m.group() for m in _DOTTED_KEY.finditer(sentence)]
     for text in named:
         keys = _keys_of(text)
-        if any(keys[:len(out)] == out for out in left_out if out):
+        if any(keys[:len(out)] == out or out[:len(keys)] == keys for out in left_out if out):
             return True
     return False
 

@@ -177,6 +177,29 @@ def read_text(folder: str, relative: str, max_bytes: int = MAX_FILE_BYTES, *, em
         raise PluginFileError(f"{relative} is not UTF-8 text (byte {exc.start})") from None
 
 
+def read_named(path: str, max_bytes: int) -> bytes | None:
+    """The bytes of a file a person named (``--config``, a file a config names, a client's config):
+    followed to where it leads (``realpath``, which opens nothing), then read as a plugin's files are --
+    a regular file only (a FIFO would block its reader, a device never end), capped at ``max_bytes``.
+    None if it does not exist; ``PluginFileError`` naming ``path`` (and where it leads) otherwise."""
+    real = os.path.realpath(path)
+    leads = f" ({path} leads to {real})" if real != os.path.abspath(path) else ""
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PluginFileError(f"{path} cannot be read: {exc.strerror or exc}{leads}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise PluginFileError(f"{path} is not a regular file: it is {_kind(st.st_mode)}{leads}")
+    if st.st_size > max_bytes:
+        raise PluginFileError(f"{path} is larger than {max_bytes} bytes{leads}")
+    try:
+        return read_bytes(os.path.dirname(real), os.path.basename(real), max_bytes)
+    except PluginFileError as exc:  # replaced or grown since the stat above
+        raise PluginFileError(f"{path}: {exc.reason}{leads}") from None
+
+
 async def off_loop(fn: Callable[..., T], *args: object, what: str = "reading the plugin folder") -> T:
     """``fn(*args)`` (file-system work on a plugin folder) in a thread, under ``READ_DEADLINE_S``;
     past the deadline the thread is abandoned and ``PluginFileError`` raised."""
