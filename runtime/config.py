@@ -201,9 +201,29 @@ def check_config(cfg: Config) -> list[str]:
     """Problems the field declarations cannot state (bounds and choices are declared on the fields)."""
     problems = (check_http_config(cfg.http) + check_tasks_config(cfg.tasks, cfg.state_dir) + check_sources(cfg.secrets)
                 + check_approvals_config(cfg.approvals))
-    if cfg.egress_ca_file is not None and not os.path.isfile(cfg.egress_ca_file):
-        problems.append(f"egress_ca_file {cfg.egress_ca_file}: no such file")
+    oauth = cfg.http.oauth
+    named = [("egress_ca_file", cfg.egress_ca_file, True), ("approvals.key_file", cfg.approvals.key_file, True),
+             ("state_key_file", cfg.state_key_file, False)]  # the daemon makes a missing state key
+    if oauth is not None:
+        named += [("http.oauth.ca_file", oauth.ca_file, True),
+                  ("http.oauth.introspection_client_secret_file", oauth.introspection_client_secret_file, True)]
+    problems += [problem for key, path, needed in named if path is not None
+                 for problem in [_named_file_problem(key, path, needed)] if problem]
     return problems
+
+
+def _named_file_problem(key: str, path: str, needed: bool) -> str | None:
+    """What is wrong with a file the config names for the daemon to read: it must be a regular file (a
+    FIFO would block the daemon at its first read, a directory or device is a mistake)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return f"{key} {path}: no such file" if needed else None
+    except OSError as exc:
+        return f"{key} {path}: {exc.strerror or exc}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{key} {path}: not a regular file (it is {plugin_files.file_kind(st.st_mode)}); name the file itself"
+    return None
 
 
 #: The config file (and ``http.tokens_file``) is refused larger than this: a config is a few KiB,

@@ -56,6 +56,14 @@ def tokens_file_is_a_fifo(path: Path) -> None:
     path.write_text(f'[http]\ntokens_file = "{path.with_name("tokens.toml")}"\n')
 
 
+def names_a_fifo(template: str) -> Make:
+    """A config whose ``template`` names ``{fifo}``: a FIFO beside it (the daemon would block reading it)."""
+    def make(path: Path) -> None:
+        os.mkfifo(path.with_name("named.fifo"))
+        path.write_text(template.format(fifo=path.with_name("named.fifo")))
+    return make
+
+
 OAUTH = '[http.oauth]\nissuer = "https://id.example.com"\nresource = "https://x.example.com/mcp"\n'
 
 #: (case, how the file is made, what the message says, its line:column -- None where there is no place)
@@ -134,6 +142,21 @@ CASES: list[tuple[str, Make, str, str | None]] = [
     ("a link to a FIFO", link_to_fifo, r"is not a regular file: it is a FIFO \(.* leads to .*elsewhere\)", None),
     ("a directory", directory, "is not a regular file: it is a directory", None),
     ("a file over the cap", huge_file, f"is larger than {MAX_CONFIG_BYTES} bytes", None),
+    # files the config names for the daemon to read
+    ("an egress_ca_file that is a FIFO", names_a_fifo('egress_ca_file = "{fifo}"\n'),
+     r"egress_ca_file .*named.fifo: not a regular file \(it is a FIFO\); name the file itself", "1:1"),
+    ("a state_key_file that is a FIFO", names_a_fifo('state_key_file = "{fifo}"\n'),
+     "state_key_file .*: not a regular file .it is a FIFO.", "1:1"),
+    ("an approvals.key_file that is a FIFO",
+     names_a_fifo('[approvals]\nstore = "redis://127.0.0.1:6379/0"\nkey_file = "{fifo}"\n'),
+     "approvals.key_file .*: not a regular file .it is a FIFO.", "3:1"),
+    ("an http.oauth.ca_file that is a FIFO", names_a_fifo(OAUTH + 'ca_file = "{fifo}"\n'),
+     "http.oauth.ca_file .*: not a regular file .it is a FIFO.", "4:1"),
+    ("an introspection secret file that is a FIFO",
+     names_a_fifo(OAUTH + 'introspection_client_secret_file = "{fifo}"\n'),
+     "http.oauth.introspection_client_secret_file .*: not a regular file .it is a FIFO.", "4:1"),
+    ("an egress_ca_file that is a directory", text('egress_ca_file = "/"\n'),
+     r"egress_ca_file /: not a regular file \(it is a directory\)", "1:1"),
     ("a tokens_file that is a FIFO", tokens_file_is_a_fifo, "http.tokens_file: .*tokens.toml is not a regular file: it is a FIFO",
      None),
 ]
