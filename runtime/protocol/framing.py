@@ -36,7 +36,7 @@ class LineSplitter:
     def _line(self, line: bytes | bytearray, out: list[Item]) -> None:
         if line.endswith(b"\r"):
             line = line[:-1]
-        if not line.strip():
+        if not line or line.isspace():  # blank (``isspace``: the bytes ``strip`` removes, without a copy)
             return
         out.append(TOO_LONG if len(line) > self.max_line else bytes(line))
 
