@@ -202,11 +202,13 @@ def check_config(cfg: Config) -> list[str]:
     problems = (check_http_config(cfg.http) + check_tasks_config(cfg.tasks, cfg.state_dir) + check_sources(cfg.secrets)
                 + check_approvals_config(cfg.approvals))
     oauth = cfg.http.oauth
-    named = [("egress_ca_file", cfg.egress_ca_file, True), ("approvals.key_file", cfg.approvals.key_file, True),
-             ("state_key_file", cfg.state_key_file, False)]  # the daemon makes a missing state key
+    # Only egress_ca_file must be there now: a command that reads this config without serving (tasks,
+    # approve on another box) needs none of the others, and the daemon makes a missing state key.
+    named = [("egress_ca_file", cfg.egress_ca_file, True), ("approvals.key_file", cfg.approvals.key_file, False),
+             ("state_key_file", cfg.state_key_file, False)]
     if oauth is not None:
-        named += [("http.oauth.ca_file", oauth.ca_file, True),
-                  ("http.oauth.introspection_client_secret_file", oauth.introspection_client_secret_file, True)]
+        named += [("http.oauth.ca_file", oauth.ca_file, False),
+                  ("http.oauth.introspection_client_secret_file", oauth.introspection_client_secret_file, False)]
     problems += [problem for key, path, needed in named if path is not None
                  for problem in [_named_file_problem(key, path, needed)] if problem]
     return problems
@@ -274,7 +276,7 @@ def _with_tokens_file(raw: dict[str, Any]) -> dict[str, Any]:
     except ConfigError as exc:
         raise ConfigError(f"http.tokens_file: {exc}") from None
     if read is None:
-        raise ConfigError(f"http.tokens_file {tokens_file}: no such file")
+        raise ConfigError(f"http.tokens_file {tokens_file}: No such file or directory")
     loaded = read[1]
     extra = loaded.pop("tokens", [])
     if loaded or not isinstance(extra, list):
