@@ -31,8 +31,10 @@ This module runs inside the worker only; it never imports trio.
 
 from __future__ import annotations
 
+import _thread
 import base64
 import dataclasses
+import functools
 import inspect
 import re
 import typing
@@ -43,7 +45,7 @@ import msgspec
 from sandbox import asking
 from sandbox.errors import ToolError
 from sandbox.json_schema import inline_refs
-from sandbox.wire import LOG_LEVELS, Log, Progress
+from sandbox.wire import LOG_LEVELS, Call, Log, Progress
 
 __all__ = [
     "tool",
@@ -135,7 +137,7 @@ class CallContext:
                  "traceparent")
 
     def __init__(self, call_id: int, send: Callable[[Any], None], want_progress: bool, log_level: int,
-                 exchange: Callable[[list[Any]], list[Any]] | None = None, traceparent: str = "") -> None:
+                 exchange: Callable[[int, list[Any]], list[Any]] | None = None, traceparent: str = "") -> None:
         self.call_id = call_id
         #: The W3C ``traceparent`` of this call's span in the daemon ("" when the daemon does not trace):
         #: give it to your own OpenTelemetry tracer as the parent of the spans you make.
@@ -151,7 +153,10 @@ class CallContext:
     def _asker(self) -> asking.Asker:
         """Made at the first question (most calls ask nothing)."""
         if self._asker_ is None:
-            self._asker_ = asking.Asker(self._exchange)
+            # ``exchange(call_id, requests)`` serves every call of the worker: bound here to this call's id,
+            # so a context kept past its call still asks only for its own call.
+            exchange = self._exchange
+            self._asker_ = asking.Asker(None if exchange is None else functools.partial(exchange, self.call_id))
         return self._asker_
 
     def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
@@ -207,18 +212,39 @@ class CallContext:
 
 
 _current: CallContext | None = None
+#: The running call and what its context sends and asks with, until ``current()`` first needs the
+#: context: most tools never ask for it, so it is made then (``_begin_call``), not for every call.
+_running: tuple[Call, Callable[[Any], None], Callable[[int, list[Any]], list[Any]] | None] | None = None
+_making = _thread.allocate_lock()
 
 
 def current() -> CallContext:
     """The context of the call being run (progress and logging)."""
-    if _current is None:
-        raise RuntimeError("current() is only available while a tool call is running")
-    return _current
-
-
-def _set_current(ctx: CallContext | None) -> None:
     global _current
-    _current = ctx
+    ctx = _current
+    if ctx is None:
+        with _making:  # one context per call, even if two threads of the call ask at once
+            ctx = _current
+            if ctx is None:
+                if _running is None:
+                    raise RuntimeError("current() is only available while a tool call is running")
+                call, send, exchange = _running
+                ctx = _current = CallContext(call.id, send, call.progress, call.log_level, exchange, call.traceparent)
+    return ctx
+
+
+def _begin_call(call: Call, send: Callable[[Any], None],
+                exchange: Callable[[int, list[Any]], list[Any]] | None) -> None:
+    """``call`` runs now: ``current()`` returns its context (made at the first ``current()``)."""
+    global _current, _running
+    _current = None
+    _running = (call, send, exchange)
+
+
+def _end_call() -> None:
+    global _current, _running
+    _current = None
+    _running = None
 
 
 # -- tool definitions --------------------------------------------------------------------------

@@ -10,9 +10,10 @@ import inspect
 import resource
 import time
 import traceback
-from typing import Any
+from typing import Any, Union
 
 import msgspec
+import msgspec.structs
 
 from sandbox import api, asking, errors
 from sandbox.wire import Call, Result, ResultReturned, encode_frame
@@ -46,16 +47,17 @@ _RUSAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
 def run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: Any = None,
              returned: bool = False) -> Result:
     """Run one call and build its result, timed (``Result.run_ns``). Never raises.
-    ``exchange(requests) -> responses`` sends an ``Ask`` round and blocks for its ``Answer`` (None:
-    this call cannot ask). ``returned``: the runtime of a pooled worker, which sends it once the
-    call's code has returned, as a ``ResultReturned`` (``sandbox.wire``)."""
+    ``exchange(call_id, requests) -> responses`` sends an ``Ask`` round for the call and blocks for its
+    ``Answer`` (None: this call cannot ask). ``returned``: the runtime of a pooled worker, which sends
+    it once the call's code has returned, as a ``ResultReturned`` (``sandbox.wire``)."""
     before = resource.getrusage(_RUSAGE)
     started = time.perf_counter_ns()
-    r = _run_call(tools, call, send, exchange)
+    content, structured, has_structured, is_error, tb, missing_capability, request_error = _run_call(
+        tools, call, send, exchange)
     run_ns = time.perf_counter_ns() - started
     return (ResultReturned if returned else Result)(
-        r.id, r.content, r.structured, r.has_structured, r.is_error, r.traceback, r.retire, r.killed,
-        r.missing_capability, r.request_error, run_ns, blocked_ns(before, run_ns))
+        call.id, content, structured, has_structured, is_error, tb, None, False, missing_capability, request_error,
+        run_ns, blocked_ns(before, run_ns))
 
 
 def blocked_ns(before: resource.struct_rusage, run_ns: int) -> int:
@@ -69,24 +71,35 @@ def blocked_ns(before: resource.struct_rusage, run_ns: int) -> int:
     return max(0, run_ns - cpu_ns)
 
 
-def _run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: Any) -> Result:
+#: What ``_run_call`` found, in ``Result``'s field order: content, structured, has_structured, is_error,
+#: traceback, missing_capability, request_error. A tuple: ``run_call`` builds the one ``Result`` frame of
+#: the call from it, with the timing, instead of a second copy.
+_Outcome = tuple[list[dict[str, Any]], Any, bool, bool, Union[str, None], Union[str, None], Union[str, None]]
+
+
+def _failed(message: str, traceback_: str | None = None, missing_capability: str | None = None,
+            request_error: str | None = None) -> _Outcome:
+    return [{"type": "text", "text": message}], None, False, True, traceback_, missing_capability, request_error
+
+
+def _run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: Any) -> _Outcome:
     tdef = tools.get(call.tool)
     if tdef is None:
-        return Result(call.id, [{"type": "text", "text": f"Unknown tool: {call.tool}"}], is_error=True)
-    api._set_current(api.CallContext(call.id, send, call.progress, call.log_level, exchange, call.traceparent))
+        return _failed(f"Unknown tool: {call.tool}")
+    api._begin_call(call, send, exchange)
     try:
         if tdef.args_type is not None:
             try:
                 args = msgspec.convert(call.arguments, tdef.args_type, strict=False)
             except msgspec.ValidationError as exc:
-                return Result(call.id, [{"type": "text", "text": f"Invalid arguments: {exc}"}], is_error=True)
-            kwargs = {f: getattr(args, f) for f in args.__struct_fields__}
+                return _failed(f"Invalid arguments: {exc}")
+            kwargs = msgspec.structs.asdict(args)
         else:
             kwargs = dict(call.arguments)
             try:
                 inspect.signature(tdef.fn).bind(**kwargs)
             except TypeError as exc:
-                return Result(call.id, [{"type": "text", "text": f"Invalid arguments: {exc}"}], is_error=True)
+                return _failed(f"Invalid arguments: {exc}")
         value = tdef.fn(**kwargs)
         if tdef.is_async:
             # Lazy: asyncio costs ~40 ms of worker start-up and only async tools need it (the worker's
@@ -96,31 +109,28 @@ def _run_call(tools: dict[str, api.ToolDef], call: Call, send: Any, exchange: An
             value = asyncio.run(value)
         if isinstance(value, api.ToolResult):
             structured = msgspec.to_builtins(value.structured) if value.has_structured else None
-            return Result(call.id, _to_content(value.content), structured, value.has_structured, value.is_error)
+            return _to_content(value.content), structured, value.has_structured, value.is_error, None, None, None
         if tdef.structured:
             structured = msgspec.to_builtins(value)
             if tdef.wrap_result:
                 structured = {"result": structured}
-            return Result(call.id, [{"type": "text", "text": _json.encode(structured).decode()}], structured, True)
-        return Result(call.id, _to_content(value))
+            return [{"type": "text", "text": _json.encode(structured).decode()}], structured, True, False, None, None, None
+        return _to_content(value), None, False, False, None, None, None
     except errors.RequestError as exc:
         message = str(exc) or "the request is invalid"
-        return Result(call.id, [{"type": "text", "text": message}], is_error=True, request_error=message)
+        return _failed(message, request_error=message)
     except asking.CapabilityMissing as exc:
-        return Result(call.id, [{"type": "text", "text": str(exc) or type(exc).__name__}], is_error=True,
-                      missing_capability=exc.capability or None)
+        return _failed(str(exc) or type(exc).__name__, missing_capability=exc.capability or None)
     except api.ToolError as exc:
-        return Result(call.id, [{"type": "text", "text": str(exc) or type(exc).__name__}], is_error=True)
+        return _failed(str(exc) or type(exc).__name__)
     except Exception as exc:  # the plugin's fault: report the message, keep the traceback for the log
         message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if _out_of_processes(exc):
             message = (f"{message} (a process or thread could not be started: the tool is at its limit of "
                        "processes and threads, limits.max_processes)")
-        return Result(
-            call.id, [{"type": "text", "text": message}], is_error=True, traceback=traceback.format_exc(limit=20)
-        )
+        return _failed(message, traceback.format_exc(limit=20))
     finally:
-        api._set_current(None)
+        api._end_call()
 
 
 def _out_of_processes(exc: BaseException) -> bool:

@@ -41,8 +41,8 @@ from sandbox.wire import (
     ResultReturned,
     Shutdown,
     ToolSpec,
+    decode_frames,
     encode_frame,
-    split_frames,
     to_worker_decoder,
 )
 
@@ -61,22 +61,23 @@ class Channel:
     def send(self, msg: Any) -> None:
         self.sock.sendall(encode_frame(msg))
 
-    def poll_frames(self) -> list[bytes]:
-        """Whatever complete frames are available now, without blocking."""
+    def poll_messages(self) -> list[Any]:
+        """Whatever complete frames are available now, decoded, without blocking."""
         try:
             chunk = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
-            return split_frames(self.buf)
+            return decode_frames(self.buf, to_worker_decoder)
         if not chunk:
             raise EOFError
         self.buf += chunk
-        return split_frames(self.buf)
+        return decode_frames(self.buf, to_worker_decoder)
 
-    def recv_frames(self) -> list[bytes]:
+    def recv_messages(self) -> list[Any]:
+        """The next complete frames, decoded; blocks until there is one."""
         while True:
-            frames = split_frames(self.buf)
-            if frames:
-                return frames
+            messages = decode_frames(self.buf, to_worker_decoder)
+            if messages:
+                return messages
             chunk = self.sock.recv(1 << 20)
             if not chunk:
                 raise EOFError
@@ -134,9 +135,8 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
             chan.sock.sendall(b"".join(out))
             out.clear()
 
-    def absorb(frames: list[bytes]) -> bool:
-        for raw in frames:
-            msg = to_worker_decoder.decode(raw)
+    def absorb(messages: list[Any]) -> bool:
+        for msg in messages:
             if isinstance(msg, Call):
                 queue.append(msg)
             elif isinstance(msg, CancelCall):
@@ -152,42 +152,40 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
         flush()
         chan.send(m)
 
-    def exchange_for(call: Call) -> Any:
-        def exchange(requests: list[Any]) -> list[Any]:
-            """Ask the daemon, block until its ``Answer`` for this call; frames that arrive meanwhile
-            (more calls, cancels of queued ones) are absorbed as usual."""
-            flush()
-            chan.send(Ask(call.id, requests))
-            while True:
-                try:
-                    frames = chan.recv_frames()
-                except EOFError:
-                    os._exit(0)  # the daemon is gone: nobody is waiting for this call
-                for i, raw in enumerate(frames):
-                    msg = to_worker_decoder.decode(raw)
-                    if isinstance(msg, Answer) and msg.id == call.id:
-                        if not absorb(frames[i + 1:]):
-                            os._exit(0)
-                        return list(msg.responses)
-                    if not isinstance(msg, Answer) and not absorb([raw]):
-                        os._exit(0)  # Shutdown while a call waits: the daemon stops this worker
-        return exchange
+    def exchange(call_id: int, requests: list[Any]) -> list[Any]:
+        """Ask the daemon for the call ``call_id``, block until its ``Answer``; frames that arrive
+        meanwhile (more calls, cancels of queued ones) are absorbed as usual. One function for every
+        call: each call's context passes its own id (``api.CallContext``)."""
+        flush()
+        chan.send(Ask(call_id, requests))
+        while True:
+            try:
+                messages = chan.recv_messages()
+            except EOFError:
+                os._exit(0)  # the daemon is gone: nobody is waiting for this call
+            for i, msg in enumerate(messages):
+                if isinstance(msg, Answer) and msg.id == call_id:
+                    if not absorb(messages[i + 1:]):
+                        os._exit(0)
+                    return list(msg.responses)
+                if not isinstance(msg, Answer) and not absorb([msg]):
+                    os._exit(0)  # Shutdown while a call waits: the daemon stops this worker
 
     read_at = 0.0  # when the socket was last read to its end
     while True:
         if not queue:
             flush()
             try:
-                frames = chan.recv_frames()
+                messages = chan.recv_messages()
             except EOFError:
                 return
-            if not absorb(frames):
+            if not absorb(messages):
                 return
             read_at = time.monotonic()
             continue
         if time.monotonic() - read_at >= POLL_EVERY_S:
             try:
-                more = chan.poll_frames()
+                more = chan.poll_messages()
             except EOFError:
                 return
             read_at = time.monotonic()
@@ -211,10 +209,10 @@ def serve(chan: Channel, tools: dict[str, api.ToolDef], cpu_s: int = 0) -> None:
         if out:
             flush()
         if guard is None:
-            out.append(encode_result(run_call(tools, call, send, exchange_for(call), returned=True)))
+            out.append(encode_result(run_call(tools, call, send, exchange, returned=True)))
         else:
             guard.before()
-            result = run_call(tools, call, send, exchange_for(call), returned=True)
+            result = run_call(tools, call, send, exchange, returned=True)
             left = guard.after()
             if left is not None:
                 # The daemon sends this worker nothing more and requeues what it had sent after this
@@ -249,7 +247,7 @@ def main(fd: int = IPC_FD, spare: bool = False) -> None:
         except Exception:  # noqa: BLE001, S110 (imported again below, where a failure is reported)
             pass
     chan = Channel(fd)
-    init = to_worker_decoder.decode(chan.recv_frames()[0])
+    init = chan.recv_messages()[0]
     if not isinstance(init, Init):
         raise SystemExit("toolcell worker: first frame was not Init")
     if spare:

@@ -301,15 +301,15 @@ def _run_the_call(kit: _Kit, fd: int, marks: list[float]) -> None:
     def send(msg: Any) -> None:
         _write_all(fd, encode_frame(msg))
 
-    def exchange(requests: list[Any]) -> list[Any]:
+    def exchange(call_id: int, requests: list[Any]) -> list[Any]:
         # R forwards the Ask to the daemon and, when it comes, the Answer to this socket.
-        _write_all(fd, encode_frame(Ask(call.id, requests)))
+        _write_all(fd, encode_frame(Ask(call_id, requests)))
         while True:
             raw = _read_frame(fd)
             if raw is None:
                 os._exit(0)  # R is gone: nobody waits for this call any more
             msg = to_worker_decoder.decode(raw)
-            if isinstance(msg, Answer) and msg.id == call.id:
+            if isinstance(msg, Answer) and msg.id == call_id:
                 return list(msg.responses)
 
     _write_all(fd, encode_result(run_call(kit.tools, call, send, exchange)))

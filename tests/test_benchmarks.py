@@ -109,6 +109,15 @@ def test_worker_loop_measures_a_pooled_workers_own_cost_per_call() -> None:
     assert all(float(r[2]) > 0 and float(r[3].replace(",", "")) > 0 for r in rows[1:])
 
 
+def test_worker_loop_in_memory_measures_the_loop_without_its_socket() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "worker_loop.py"), "--calls", "300", "--memory",
+                           "--repeat", "1"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [(r[0].strip(), r[1].strip()) for r in rows[1:]] == [("all (in memory)", "off"), ("all (in memory)", "on")]
+    assert all(float(r[2]) > 0 and float(r[3].replace(",", "")) > 0 for r in rows[1:])
+
+
 def test_daemon_path_drives_a_real_daemon_in_process_and_every_call_succeeds() -> None:
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "daemon_path.py"), "--seconds", "0.3",
                            "--repeat", "1", "-c", "4"], cwd=REPO, capture_output=True, text=True, timeout=120)
