@@ -22,6 +22,7 @@ Example ``toolcell.toml``::
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tomllib
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from runtime import config_problems
+from runtime import config_problems, plugin_files
 
 from runtime.http_config import HttpConfig, check_http_config
 from runtime.plugin_secrets import SecretSource, check_sources
@@ -200,9 +201,68 @@ def check_config(cfg: Config) -> list[str]:
     """Problems the field declarations cannot state (bounds and choices are declared on the fields)."""
     problems = (check_http_config(cfg.http) + check_tasks_config(cfg.tasks, cfg.state_dir) + check_sources(cfg.secrets)
                 + check_approvals_config(cfg.approvals))
-    if cfg.egress_ca_file is not None and not os.path.isfile(cfg.egress_ca_file):
-        problems.append(f"egress_ca_file {cfg.egress_ca_file}: no such file")
+    oauth = cfg.http.oauth
+    # Only egress_ca_file must be there now: a command that reads this config without serving (tasks,
+    # approve on another box) needs none of the others, and the daemon makes a missing state key.
+    named = [("egress_ca_file", cfg.egress_ca_file, True), ("approvals.key_file", cfg.approvals.key_file, False),
+             ("state_key_file", cfg.state_key_file, False)]
+    if oauth is not None:
+        named += [("http.oauth.ca_file", oauth.ca_file, False),
+                  ("http.oauth.introspection_client_secret_file", oauth.introspection_client_secret_file, False)]
+    problems += [problem for key, path, needed in named if path is not None
+                 for problem in [_named_file_problem(key, path, needed)] if problem]
     return problems
+
+
+def _named_file_problem(key: str, path: str, needed: bool) -> str | None:
+    """What is wrong with a file the config names for the daemon to read: it must be a regular file (a
+    FIFO would block the daemon at its first read, a directory or device is a mistake)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return f"{key} {path}: no such file" if needed else None
+    except OSError as exc:
+        return f"{key} {path}: {exc.strerror or exc}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{key} {path}: not a regular file (it is {plugin_files.file_kind(st.st_mode)}); name the file itself"
+    return None
+
+
+#: The config file (and ``http.tokens_file``) is refused larger than this: a config is a few KiB,
+#: thousands of tokens a few hundred.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+_TOML_AT = re.compile(r"^(.*) \(at line ([0-9]+), column ([0-9]+)\)$", re.DOTALL)
+
+
+def read_toml(path: str) -> tuple[str, dict[str, Any]] | None:
+    """The text and the data of the TOML file ``path`` (None if there is none). Anything else is a
+    ``ConfigError`` of one line, ``path:line:column: ...`` where there is a place to point at: not a
+    regular file (a FIFO is never opened: it would block), over ``MAX_CONFIG_BYTES``, not UTF-8, not
+    TOML (duplicate keys, nesting tomllib cannot follow, an integer of thousands of digits)."""
+    try:
+        data = plugin_files.read_named(path, MAX_CONFIG_BYTES)
+    except plugin_files.PluginFileError as exc:
+        raise ConfigError(f"{exc.reason} (give a regular TOML file of at most {MAX_CONFIG_BYTES >> 20} MiB)") from None
+    if data is None:
+        return None
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[:exc.start].decode("utf-8")
+        line, column = before.count("\n") + 1, len(before) - before.rfind("\n")
+        raise ConfigError(f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+                          "save the file as UTF-8") from None
+    try:
+        return source, tomllib.loads(source)
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
+    except tomllib.TOMLDecodeError as exc:
+        m = _TOML_AT.match(str(exc))
+        if m is None:
+            raise ConfigError(f"{path}: not valid TOML: {str(exc)[:300]}") from None
+        raise ConfigError(f"{path}:{m.group(2)}:{m.group(3)}: not valid TOML: {m.group(1)[:300]}") from None
+    except ValueError as exc:  # a 5,000-digit integer
+        raise ConfigError(f"{path}: not valid TOML: {str(exc)[:300]}") from None
 
 
 def _with_tokens_file(raw: dict[str, Any]) -> dict[str, Any]:
@@ -212,13 +272,12 @@ def _with_tokens_file(raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(tokens_file, str):
         return raw
     try:
-        loaded = tomllib.loads(Path(tokens_file).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"http.tokens_file {tokens_file}: {exc.strerror or exc}") from None
-    except RecursionError:
-        raise ConfigError(f"http.tokens_file {tokens_file}: not valid TOML: nested too deeply") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a 5,000-digit integer
-        raise ConfigError(f"http.tokens_file {tokens_file}: not valid TOML: {str(exc)[:300]}") from None
+        read = read_toml(tokens_file)
+    except ConfigError as exc:
+        raise ConfigError(f"http.tokens_file: {exc}") from None
+    if read is None:
+        raise ConfigError(f"http.tokens_file {tokens_file}: No such file or directory")
+    loaded = read[1]
     extra = loaded.pop("tokens", [])
     if loaded or not isinstance(extra, list):
         raise ConfigError(f"http.tokens_file {tokens_file}: expected only [[tokens]] tables")
@@ -232,22 +291,14 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> Config:
     raw: dict[str, Any] = {}
     source = ""
     if path:
-        try:
-            source = Path(path).read_text(encoding="utf-8")
-            raw = tomllib.loads(source)
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except RecursionError:
-            raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a 5,000-digit integer
-            raise ConfigError(f"{path}: not valid TOML: {str(exc)[:300]}") from None
+        read = read_toml(path)
+        if read is None:
+            raise ConfigError(f"config file not found: {path}")
+        source, raw = read
     given = {k: v for k, v in overrides.items() if v is not None}
     raw.update(given)
     raw = _with_tokens_file(raw)
-    cfg, decoding = config_problems.decode(raw, Config)
-    found: list[config_problems.Problem | str] = list(decoding)
-    if cfg is not None:
-        found += check_config(cfg)
+    cfg, found = config_problems.find_all(raw, Config, check_config)
     if found:
         # A problem with a value given on the command line is not in the file: no position for it.
         located = config_problems.locate_all(source, [p for p in found if not _from_flags(p, given)])

@@ -6,10 +6,15 @@ bounds and choices on the fields themselves, as ``Annotated[int, msgspec.Meta(ge
 though, and a person fixing a config file wants every problem in one go, so ``problems`` walks the
 raw TOML data against the same declarations first and words each violation. Nothing here knows a
 particular field: a new bound is written once, on its field.
+
+Two bounds hold for every number field, declared or not: a float is finite (TOML has ``inf`` and
+``nan``; a timeout of ``nan`` fails at its first use, deep in the daemon) and an integer fits in 64
+bits (TOML integers, and so Python's, are unbounded; msgspec would accept ``10**40``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -75,9 +80,10 @@ def _walk(value: Any, info: mi.Type, path: str, keys: tuple[Any, ...], out: list
                 _walk(item, item_type, f"{path}[{i}]", keys + (i,), out)
     elif isinstance(info, (mi.IntType, mi.FloatType)):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            problem = _out_of_bounds(value, info)
+            problem = _out_of_bounds(value, info) or _unrepresentable(value, info)
             if problem:
-                out.append((keys, f"{path} = {value}: {problem}"))
+                shown = str(value) if len(str(value)) <= 40 else str(value)[:37] + "..."
+                out.append((keys, f"{path} = {shown}: {problem}"))
     elif isinstance(info, mi.LiteralType):
         if value not in info.values or type(value) is not type(info.values[0]):
             choices = [str(v) for v in info.values]
@@ -100,6 +106,24 @@ def _matches(value: Any, info: mi.Type) -> bool:
     if isinstance(info, mi.LiteralType):
         return True
     return False
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _unrepresentable(value: float, info: mi.IntType | mi.FloatType) -> str | None:
+    """What is wrong with a number no field may hold (declared bounds aside)."""
+    if isinstance(info, mi.IntType):
+        if isinstance(value, int) and value > _INT64_MAX:
+            return f"must be at most {_INT64_MAX}"
+        if isinstance(value, int) and value < _INT64_MIN:
+            return f"must be at least {_INT64_MIN}"
+        return None
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    return None if finite else "must be a finite number (not inf or nan)"
 
 
 def _out_of_bounds(value: float, info: mi.IntType | mi.FloatType) -> str | None:

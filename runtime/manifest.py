@@ -49,7 +49,7 @@ import msgspec
 from msgspec import Meta
 
 from runtime import config_problems, plugin_files
-from runtime.config_problems import Located, Problem
+from runtime.config_problems import Located
 from runtime.egress_rules import Entry, parse_entry
 from runtime.plugin_files import excerpt
 from runtime.plugin_secrets import SecretSpec, check_bindings
@@ -214,10 +214,7 @@ def load_manifest(plugin_dir: Path) -> Manifest:
     # Every decoding problem first (bounds, unknown keys, types); the rest is decoded without the
     # offending values, so that the semantic checks report theirs in the same go.
     try:
-        manifest, decoding = config_problems.decode(raw, Manifest)
-        found: list[Problem | str] = list(decoding)
-        if manifest is not None:
-            found += check_manifest(manifest, plugin_dir)
+        manifest, found = config_problems.find_all(raw, Manifest, lambda m: check_manifest(m, plugin_dir))
         located = config_problems.locate_all(text, found)
     except (RecursionError, ValueError, TypeError, OverflowError) as exc:
         raise ManifestError(path, [f"cannot be read as a manifest: {type(exc).__name__}: {str(exc)[:200]}"]) from None

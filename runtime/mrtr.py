@@ -94,8 +94,12 @@ def read_key_file(path: str, what: str = "requestState key", least_bytes: int = 
     """The secret in a key file an operator provides (or the daemon made), checked like PostgreSQL
     checks its own: raises ``OSError`` when it cannot be read, ``ValueError`` when others may read it or
     it is too short."""
-    with open(path, "rb") as f:
+    # O_NONBLOCK: a FIFO put in its place is opened without waiting for a writer, then refused.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: the {what} must be a regular file")
         # PostgreSQL's rule for its key files: a key of our own is for us alone (0600); one that root
         # provides may also be read by its group (0640: a Kubernetes Secret mounted with fsGroup is
         # root's, 0440, in the pod's group). Nobody else may read it, and only its owner write it.

@@ -53,6 +53,7 @@ import jwt
 import msgspec
 import trio
 
+from runtime import plugin_files
 from runtime.auth import Principal
 from runtime.http_config import OAuthConfig
 from runtime.logs import log
@@ -101,8 +102,14 @@ class AuthUnavailable(Exception):
 def client_secret(cfg: OAuthConfig) -> str | None:
     """The introspection client secret, from a file or the daemon's environment (never the config)."""
     if cfg.introspection_client_secret_file is not None:
-        with open(cfg.introspection_client_secret_file, encoding="utf-8") as f:
-            return f.read().strip()
+        path = cfg.introspection_client_secret_file
+        try:  # a regular file only (a FIFO would block the daemon), capped
+            data = plugin_files.read_named(path, 64 * 1024)
+        except plugin_files.PluginFileError as exc:
+            raise OSError(exc.reason) from None
+        if data is None:
+            raise FileNotFoundError(f"{path}: no such file")
+        return data.decode("utf-8").strip()
     if cfg.introspection_client_secret_env is not None:
         return os.environ.get(cfg.introspection_client_secret_env)
     return None

@@ -69,7 +69,8 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
     return repr(text[:limit]) + "…"
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words (``a FIFO``, ``a directory``)."""
     if stat.S_ISLNK(mode):
         return "a symbolic link (links in a plugin folder are not followed)"
     if stat.S_ISDIR(mode):
@@ -112,9 +113,9 @@ def open_beneath(folder: str, relative: str) -> int | None:
                 return None
             want_dir = not last
             if want_dir and not stat.S_ISDIR(before.st_mode):
-                raise PluginFileError(f"{shown} is not a folder: it is {_kind(before.st_mode)}")
+                raise PluginFileError(f"{shown} is not a folder: it is {file_kind(before.st_mode)}")
             if last and not stat.S_ISREG(before.st_mode):
-                raise PluginFileError(f"{shown} is not a regular file: it is {_kind(before.st_mode)}")
+                raise PluginFileError(f"{shown} is not a regular file: it is {file_kind(before.st_mode)}")
             try:
                 fd = os.open(part, _DIR_FLAGS if want_dir else _FILE_FLAGS, dir_fd=dir_fd)
             except OSError as exc:
@@ -175,6 +176,29 @@ def read_text(folder: str, relative: str, max_bytes: int = MAX_FILE_BYTES, *, em
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PluginFileError(f"{relative} is not UTF-8 text (byte {exc.start})") from None
+
+
+def read_named(path: str, max_bytes: int) -> bytes | None:
+    """The bytes of a file a person named (``--config``, a file a config names, a client's config):
+    followed to where it leads (``realpath``, which opens nothing), then read as a plugin's files are --
+    a regular file only (a FIFO would block its reader, a device never end), capped at ``max_bytes``.
+    None if it does not exist; ``PluginFileError`` naming ``path`` (and where it leads) otherwise."""
+    real = os.path.realpath(path)
+    leads = f" ({path} leads to {real})" if real != os.path.abspath(path) else ""
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PluginFileError(f"{path} cannot be read: {exc.strerror or exc}{leads}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise PluginFileError(f"{path} is not a regular file: it is {file_kind(st.st_mode)}{leads}")
+    if st.st_size > max_bytes:
+        raise PluginFileError(f"{path} is larger than {max_bytes} bytes{leads}")
+    try:
+        return read_bytes(os.path.dirname(real), os.path.basename(real), max_bytes)
+    except PluginFileError as exc:  # replaced or grown since the stat above
+        raise PluginFileError(f"{path}: {exc.reason}{leads}") from None
 
 
 async def off_loop(fn: Callable[..., T], *args: object, what: str = "reading the plugin folder") -> T:
@@ -254,7 +278,7 @@ def _plan(folder: str, max_bytes: int, max_entries: int) -> list[_Planned]:
                 names_seen[(st.st_dev, st.st_ino)] = names_seen.get((st.st_dev, st.st_ino), 0) + 1
                 planned.append(_Planned(shown, False, st.st_dev, st.st_ino, st.st_size, st.st_mode, st.st_nlink))
             else:
-                raise PluginFileError(f"{shown} is {_kind(st.st_mode)}: only regular files and folders are copied")
+                raise PluginFileError(f"{shown} is {file_kind(st.st_mode)}: only regular files and folders are copied")
 
     try:
         root = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -93,7 +93,8 @@ class _Scanner:
                 index = self._tables_seen.get(tuple(parts), -1) + 1
                 self._tables_seen[tuple(parts)] = index
                 table = (*parts, index)
-                self.record(tuple(parts), start)
+                for n in range(1, len(parts) + 1):  # [[a.b]] defines a too
+                    self.record(tuple(parts[:n]), start)
                 self.record(table, start)
             elif self.s.startswith("[", self.i):
                 start = self.i
@@ -102,7 +103,8 @@ class _Scanner:
                 parts, _ = self.dotted_key()
                 self.i = self.s.index("]", self.i) + 1
                 table = tuple(parts)
-                self.record(table, start)
+                for n in range(1, len(parts) + 1):  # [a.b] defines a too
+                    self.record(table[:n], start)
             else:
                 self.key_value(table)
 

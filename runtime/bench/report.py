@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from runtime import plugin_files
 from runtime.bench.phases import PhaseRow
 from runtime.bench.procs import ProcMemory
 from runtime.bench.significance import mann_whitney_p, smallest_p
@@ -20,6 +21,8 @@ from runtime.bench.stats import Latency, OpResult, TimelinePoint
 from runtime.bench.targets import CheckResult
 
 REPORT_FORMAT = 1
+#: A report file larger than this is refused unread (a long run of many targets is a few MiB).
+MAX_REPORT_BYTES = 256 * 1024 * 1024
 
 
 class Segment(msgspec.Struct):
@@ -369,10 +372,12 @@ def only_target(report: Report, target: str, renamed: str) -> Report:
 def load(path: str) -> Report:
     """A report written by ``--json``; ValueError if it is not one."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        # A regular file only (a FIFO would block this command for good), capped.
+        data = plugin_files.read_named(path, MAX_REPORT_BYTES)
+    except plugin_files.PluginFileError as exc:
+        raise ValueError(f"cannot read the report: {exc.reason}") from None
+    if data is None:
+        raise ValueError(f"cannot read {path}: No such file or directory")
     try:
         report = msgspec.json.decode(data, type=Report)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

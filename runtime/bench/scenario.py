@@ -28,7 +28,12 @@ from typing import Any
 import jsonschema_rs
 import msgspec
 
+from runtime import plugin_files
 from runtime.bench import wire
+
+
+#: A scenario file larger than this is refused unread.
+MAX_SCENARIO_BYTES = 1024 * 1024
 
 
 class ScenarioError(ValueError):
@@ -105,12 +110,20 @@ def validate(scenario: Scenario) -> Scenario:
 def load_file(path: str) -> Scenario:
     """Read a scenario TOML file (unknown keys are refused, so typos fail early)."""
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as exc:
-        raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"scenario {path} is not valid TOML: {exc}") from None
+        # A regular file only (a FIFO would block the command for good), capped.
+        raw = plugin_files.read_named(path, MAX_SCENARIO_BYTES)
+    except plugin_files.PluginFileError as exc:
+        raise ScenarioError(f"cannot read the scenario: {exc.reason}") from None
+    if raw is None:
+        raise ScenarioError(f"cannot read scenario {path}: No such file or directory")
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"scenario {path} is not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise ScenarioError(f"scenario {path} is not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # TOMLDecodeError, or an integer of thousands of digits
+        raise ScenarioError(f"scenario {path} is not valid TOML: {str(exc)[:300]}") from None
     try:
         return validate(msgspec.convert(data, Scenario))
     except msgspec.ValidationError as exc:

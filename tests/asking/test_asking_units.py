@@ -176,6 +176,14 @@ def test_the_state_key_file_is_created_0600_reused_and_refused_when_readable_by_
         load_state_key(str(short))
 
 
+@pytest.mark.timeout(30)
+def test_a_key_file_that_is_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "state.key"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ValueError, match="must be a regular file"):
+        load_state_key(str(fifo))
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="needs root (to give the key to root) and setpriv (to read it as another user)")
 def test_a_key_root_provides_may_be_read_by_its_group_but_by_nobody_else() -> None:

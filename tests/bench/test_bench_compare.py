@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -154,6 +155,30 @@ def test_compare_refuses_what_is_not_a_report(base: dict[str, Any], tmp_path: Pa
     junk = tmp_path / "junk.json"
     junk.write_text("{}")
     assert run("compare", write(tmp_path, "base", base), str(junk)).returncode == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("side", ["base", "new", "base:TARGET"])
+def test_compare_refuses_a_fifo_at_once_instead_of_waiting_on_it(base: dict[str, Any], tmp_path: Path,
+                                                                   side: str) -> None:
+    # Opened for reading, a FIFO blocks until something writes to it: compare would wait for good.
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    other = write(tmp_path, "other", base)
+    target = ":TARGET" if side.endswith(":TARGET") else ""
+    sides = [f"{fifo}{target}", f"{other}{target}"]
+    proc = run("compare", *(sides if side.startswith("base") else sides[::-1]))
+    assert proc.returncode == 2, proc.stderr
+    assert f"{fifo} is not a regular file: it is a FIFO" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_compare_refuses_a_directory_and_a_missing_file(tmp_path: Path) -> None:
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    folder = run("compare", str(tmp_path), str(other))
+    assert folder.returncode == 2 and "is not a regular file: it is a directory" in folder.stderr
+    proc = run("compare", str(tmp_path / "nope.json"), str(other))
+    assert proc.returncode == 2 and "No such file" in proc.stderr
 
 
 def test_fail_if_thresholds_exit_1_and_name_what_crossed_them(tmp_path: Path) -> None:

@@ -87,6 +87,26 @@ def test_bad_scenarios_are_refused_with_the_reason(tmp_path: Path) -> None:
         scenario.from_flags(["0*echo"], None, None, None, None, None)
 
 
+@pytest.mark.timeout(60)
+def test_a_scenario_file_that_is_a_fifo_deep_or_not_text_is_refused_with_the_reason(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # opened for reading, it would block until someone writes
+    with pytest.raises(scenario.ScenarioError, match="is not a regular file: it is a FIFO"):
+        scenario.load_file(str(fifo))
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(scenario.ScenarioError, match="nested too deeply"):
+        scenario.load_file(str(deep))
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe = 1\n")
+    with pytest.raises(scenario.ScenarioError, match="not UTF-8"):
+        scenario.load_file(str(binary))
+    big = tmp_path / "big.toml"
+    big.write_text("#" * (scenario.MAX_SCENARIO_BYTES + 1))
+    with pytest.raises(scenario.ScenarioError, match="larger than"):
+        scenario.load_file(str(big))
+
+
 def test_without_the_bench_extra_it_says_how_to_install_it(tmp_path: Path) -> None:
     blocker = tmp_path / "hdrh"
     blocker.mkdir()

@@ -105,3 +105,40 @@ def test_a_pathological_config_is_a_config_error_never_a_traceback(tmp_path: Pat
     path.write_text(f'[http]\ntokens_file = "{tokens}"\n')
     with pytest.raises(ConfigError, match=why):
         load_config(str(path), {})
+
+
+OAUTH = '[http.oauth]\nissuer = "https://id.example.com"\nresource = "https://x.example.com/mcp"\n'
+
+
+@pytest.mark.parametrize("source, expected", [
+    # a bound broken inside an inline table: the key is there, only its value is wrong
+    (OAUTH + "new_tokens_per_address = { per_s = -1 }\n",
+     ["4:28: http.oauth.new_tokens_per_address.per_s = -1: must be > 0"]),
+    # a wrong type inside an inline table
+    (OAUTH + 'new_tokens_per_address = { per_s = "x" }\n',
+     ["4:28: http.oauth.new_tokens_per_address.per_s = 'x': must be a number, not a string"]),
+    # a bound broken in a nested [table]
+    ("[http.principal_rate]\nper_s = 0\n", ["2:1: http.principal_rate.per_s = 0: must be > 0"]),
+    # ... in a table of tables (a dict entry)
+    ('[http]\ntool_rates = { "a" = { per_s = 0, burst = 2 } }\n',
+     ["2:24: http.tool_rates.a.per_s = 0: must be > 0"]),
+    # ... in an array of tables
+    ('[[http.tokens]]\nprincipal = 3\nsha256 = "' + "a" * 64 + '"\n',
+     ["2:1: http.tokens[0].principal = 3: must be a string, not an integer"]),
+    # a required key of a table really is missing: said once, at its table
+    ('[[http.tokens]]\nprincipal = "a"\n', ["1:1: missing required key 'http.tokens[0].sha256'"]),
+    # a value left out for its problem is not then judged against another key by its default
+    ("[tasks]\ndefault_ttl_ms = 5\nmax_ttl_ms = 2000\n", ["2:1: tasks.default_ttl_ms = 5: must be between 1000"]),
+])
+def test_a_wrong_value_in_a_nested_table_is_reported_once_and_never_as_a_missing_key(
+        tmp_path: Path, source: str, expected: list[str]) -> None:
+    from runtime.config import ConfigError, load_config
+
+    path = tmp_path / "toolcell.toml"
+    path.write_text(source)
+    with pytest.raises(ConfigError) as raised:
+        load_config(str(path), {})
+    lines = [line.strip() for line in str(raised.value).splitlines() if not line.endswith("problems:")]
+    assert len(lines) == len(expected), lines
+    for line, want in zip(lines, expected, strict=True):
+        assert line.startswith(f"{path}:{want}"), lines
