@@ -121,14 +121,12 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _read(path: Path, client: Client) -> tuple[str, dict[str, Any]]:
-    # Followed to where it leads (realpath opens nothing), then read as a plugin's files are: a regular
-    # file only (a FIFO would block, a device never end), capped.
-    real = os.path.realpath(path)
+    # Followed to where it leads, then read as a plugin's files are: a regular file only (a FIFO would
+    # block, a device never end), capped (``plugin_files.read_named``).
     try:
-        text = plugin_files.read_text(os.path.dirname(real), os.path.basename(real), MAX_CONFIG_BYTES)
+        text = plugin_files.read_named_text(str(path), MAX_CONFIG_BYTES)
     except plugin_files.PluginFileError as exc:
-        raise InstallProblem(f"{path}: cannot read it: {exc.reason}"
-                             + (f" ({path} leads to {real})" if real != os.path.abspath(path) else "")) from None
+        raise InstallProblem(f"cannot read it: {exc.reason}") from None
     if text is None:
         return "", {}
     if not text.strip():

@@ -105,14 +105,13 @@ def read_client_config(path: str) -> tuple[dict[str, dict[str, Any]], dict[str, 
     The file may come with a cloned repository (``.mcp.json``): the name the person gave is followed to
     where it leads (``realpath``, which opens nothing), and that file is read as a plugin's files are
     (``plugin_files``): a regular file only, never a FIFO or a device, without blocking, capped."""
-    real = os.path.realpath(path)
     try:
-        text = plugin_files.read_text(os.path.dirname(real), os.path.basename(real), MAX_CLIENT_CONFIG_BYTES)
+        text = plugin_files.read_named_text(path, MAX_CLIENT_CONFIG_BYTES)
         if text is None:
             raise ImportProblem(f"{path}: no such file")
         data = json.loads(text)
     except plugin_files.PluginFileError as exc:
-        raise ImportProblem(f"{path}: {exc.reason}" + (f" ({path} leads to {real})" if real != os.path.abspath(path) else "")) from None
+        raise ImportProblem(exc.reason) from None
     except (OSError, ValueError) as exc:
         raise ImportProblem(f"{path}: cannot read it as JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -201,6 +201,17 @@ def read_named(path: str, max_bytes: int) -> bytes | None:
         raise PluginFileError(f"{path}: {exc.reason}{leads}") from None
 
 
+def read_named_text(path: str, max_bytes: int) -> str | None:
+    """``read_named`` decoded as UTF-8 (refused otherwise): a client's config, a JSON file a person named."""
+    data = read_named(path, max_bytes)
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PluginFileError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+
+
 async def off_loop(fn: Callable[..., T], *args: object, what: str = "reading the plugin folder") -> T:
     """``fn(*args)`` (file-system work on a plugin folder) in a thread, under ``READ_DEADLINE_S``;
     past the deadline the thread is abandoned and ``PluginFileError`` raised."""

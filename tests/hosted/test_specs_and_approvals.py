@@ -136,6 +136,27 @@ def test_the_three_client_config_formats_are_read(tmp_path: Path) -> None:
         read_client_config(str(tmp_path / "broken.json"))
 
 
+def test_a_client_config_that_is_a_fifo_or_leads_to_one_is_refused_without_waiting(tmp_path: Path) -> None:
+    """``toolcell import`` reads a file that may come with a cloned repository: a FIFO (or a link to one)
+    is refused at once, naming where the link leads; a link to a real config is followed."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ImportProblem, match="not a regular file: it is a FIFO"):
+        read_client_config(str(fifo))
+    link = tmp_path / ".mcp.json"
+    link.symlink_to(fifo)
+    with pytest.raises(ImportProblem, match=r"\.mcp\.json leads to .*fifo\.json"):
+        read_client_config(str(link))
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps({"mcpServers": {"a": {"command": "a"}}}))
+    followed = tmp_path / "followed.json"
+    followed.symlink_to(real)
+    assert list(read_client_config(str(followed))[0]) == ["a"]
+    (tmp_path / "latin1.json").write_bytes(b'{"mcpServers": {"\xe9": {}}}')
+    with pytest.raises(ImportProblem, match="not UTF-8"):
+        read_client_config(str(tmp_path / "latin1.json"))
+
+
 @pytest.mark.parametrize("raw, expected", [("filesystem", "filesystem"), ("My Server!", "my-server"),
                                            ("../../etc", "etc"), ("@scope/pkg", "pkg")])
 def test_plugin_names_from_configs_never_leave_the_folder(raw: str, expected: str) -> None:
