@@ -134,7 +134,7 @@ class ChildProcess:
     """One child process and its IPC socket (used raw: trio only waits for readiness)."""
 
     __slots__ = ("proc", "raw", "buf", "pid", "dead", "scratch", "token", "egress", "fds", "output_tail", "exited",
-                 "output_done", "channel", "write", "log_name", "log_pid")
+                 "output_done", "channel", "write", "log_name", "log_pid", "hold_socket")
 
     def __init__(self, proc: trio.Process, raw: socket.socket, scratch: str, token: str = "") -> None:
         self.proc = proc
@@ -142,6 +142,9 @@ class ChildProcess:
         self.buf = bytearray()
         self.pid = proc.pid
         self.dead = False
+        #: Set before ``kill``: the IPC socket stays open (its reader is woken and stops) so that what
+        #: the child wrote last can still be read (``last_words``), which then closes it.
+        self.hold_socket = False
         self.scratch = scratch
         self.token = token
         #: Cancels this child's egress proxy (``runtime.egress``), if its plugin has a network grant.
@@ -266,13 +269,42 @@ class ChildProcess:
             self.egress.cancel()
         self.channel.close()
         try:
-            trio.lowlevel.notify_closing(self.raw)
+            trio.lowlevel.notify_closing(self.raw)  # its reader wakes (ClosedResourceError) and stops
         except (RuntimeError, ValueError, OSError):
             pass
+        if not self.hold_socket:
+            self.close_socket()
+
+    def close_socket(self) -> None:
         try:
             self.raw.close()
         except OSError:
             pass
+
+    async def last_words(self, limit_s: float, max_bytes: int) -> bytes:
+        """After ``kill`` with ``hold_socket``: what the child wrote that its reader did not take (the
+        reader's unread ``buf`` first), read until the socket's end (every holder of the child's end is
+        dead), ``limit_s`` or ``max_bytes``, whichever comes first; then the socket is closed."""
+        data = bytearray(self.buf)
+        self.buf.clear()
+        try:
+            with trio.move_on_after(limit_s):
+                while len(data) <= max_bytes:
+                    try:
+                        chunk = self.raw.recv(1 << 18)
+                    except (BlockingIOError, InterruptedError):
+                        await trio.lowlevel.wait_readable(self.raw)
+                        continue
+                    except OSError:
+                        break
+                    if not chunk:
+                        break
+                    data += chunk
+        except (trio.ClosedResourceError, OSError, ValueError):
+            pass
+        finally:
+            self.close_socket()
+        return bytes(data)
 
     async def _pump_output(self, stream: trio.abc.ReceiveStream | None) -> None:
         """Relay what the child prints to the log (capped); keeps a tail for start-up errors."""

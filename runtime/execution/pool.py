@@ -37,8 +37,13 @@ How this works:
   scope deadline. Expiry, client cancellation of a running call, a crash, garbage on the channel or
   an over-size frame all end the same way: the worker's whole process tree is killed (process group,
   psutil descendants, then orphans re-parented to us as subreaper), the calls queued behind it on that
-  worker (not started, so safe to run elsewhere) go back to the front of the pool's queue, and a
-  replacement worker is started. Only that one call fails. A cancelled call that was sent but has not
+  worker go back to the front of the pool's queue, and a replacement worker is started. "Not
+  started" is checked, not assumed (``_settle_after_kill``): a worker writes each answer and goes on
+  to its next call at once, so when the pool kills it the last answers may still be in its socket.
+  The socket stays open after the kill until its end has been read: a call answered there gets that
+  answer, the call after the last finished one may have started and fails (never run twice), and
+  only the calls after it are requeued. Only the killed call fails (and, in that race, the one that
+  may have started after it). A cancelled call that was sent but has not
   started is withdrawn with a ``CancelCall`` frame instead.
 * The deadlines are enforced by the one watchdog (``runtime.execution.watchdog``); a worker's output
   and its exit are watched by its ``ChildProcess`` (``runtime.execution.child``).
@@ -52,6 +57,7 @@ import os
 import time
 from typing import Any, Callable, Iterator, Protocol
 
+import msgspec
 import trio
 
 from runtime.clock import clock_reader
@@ -67,6 +73,11 @@ from sandbox import wire
 
 #: Most queued calls handed to a worker in one write.
 BATCH_MAX = 32
+#: A killed worker's last frames (``_settle_after_kill``): how long to wait for its socket's end, and
+#: the room beyond the output cap. Failures that broke the frame protocol leave nothing to believe.
+LAST_WORDS_S = 2.0
+LAST_WORDS_OVERHEAD = 64 * 1024
+_NO_LAST_WORDS = frozenset({"garbage", "output_cap", "unavailable"})
 #: Sizing: how much the last call counts against those before it (per call), the smallest share of
 #: time running that is believed (a pool of tools that only sleep is ``cores / 1/1024`` big, before
 #: ``max_concurrency``), and how long a worker may find nothing to do before it is stopped.
@@ -94,8 +105,12 @@ class PoolWorker(Protocol):
     layers: list[str]
     pending: collections.deque[CallSlot]
 
+    hold_socket: bool
+
     def write(self, data: bytes) -> bool: ...
     def kill(self) -> None: ...
+    async def last_words(self, limit_s: float, max_bytes: int) -> bytes:
+        """After ``kill`` with ``hold_socket`` set: what the worker wrote that was not handled yet."""
 
 
 class WorkerFactory(Protocol):
@@ -431,6 +446,14 @@ class WorkerPool(CallsInFlight):
         ``head_started=False``: no call is running there (it retired after a result): all go back."""
         pending = list(worker.pending)
         worker.pending.clear()
+        # The worker may have gone on past its running call (its answer still on the way: the worker
+        # writes it, then starts the next call at once): the calls behind it wait until what it wrote
+        # last has been read (``_settle_after_kill``), so that none that may have started runs again.
+        # Not while it asks (it is blocked in that call), nor when its frames broke the protocol.
+        hold = (head_started and requeue and not self.closed and len(pending) > 1
+                and pending[0].asking is None and error.kind not in _NO_LAST_WORDS)
+        if hold:
+            worker.hold_socket = True
         self._discard(worker)
         if pending:
             rest = pending
@@ -447,6 +470,11 @@ class WorkerPool(CallsInFlight):
                     log("worker_killed_after_answer", level="warning", plugin=self.name, pid=worker.pid,
                         tool=head.call.tool, reason=error.message,
                         note="the call was answered, but its code had not returned (sandbox.wire, CallReturned)")
+            if hold:
+                for slot in rest:
+                    slot.deadline = float("inf")
+                self.nursery.start_soon(self._settle_after_kill, worker, pending)
+                rest = []
             for slot in reversed(rest):
                 if slot.finished:
                     continue
@@ -463,6 +491,83 @@ class WorkerPool(CallsInFlight):
             if len(self.workers) + self.starting < max(1, min(self.spec.min_workers, self.limits.max_concurrency)) \
                     or (self.queue and self._room() > 0):
                 self._spawn_background()
+
+    async def _settle_after_kill(self, worker: PoolWorker, pending: list[CallSlot]) -> None:
+        """The calls that were behind ``pending[0]`` on a killed worker, decided by what the worker wrote
+        last (read to the socket's end: the worker is dead): a call it answered ran, and gets that
+        answer; the call after the last one it finished may have started, and fails (a call is never
+        run twice); the calls after that cannot have started, and go back to the front of the queue."""
+        data = await worker.last_words(LAST_WORDS_S, self.limits.max_output_bytes + LAST_WORDS_OVERHEAD)
+        done = 1  # pending[:done] are finished on the worker: the head's fate is already decided
+        answers: dict[int, wire.Result] = {}
+        head = pending[0]
+        head_answered = head.result is not None
+        try:
+            frames = wire.split_frames(bytearray(data), self.limits.max_output_bytes + LAST_WORDS_OVERHEAD)
+        except ValueError:
+            frames = []
+        gone_on = False  # the worker finished the head (and so may have started the next call)
+        for raw in frames:
+            try:
+                msg = wire.from_worker_decoder.decode(raw)
+            except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, ValueError):
+                break
+            kind = type(msg)
+            current = head if not gone_on else (pending[done] if done < len(pending) else None)
+            if current is None or getattr(msg, "id", None) != current.call.id:
+                break  # not what a worker running its calls in order writes: believe nothing more
+            if kind is wire.ResultReturned or kind is wire.CallReturned or kind is wire.Result:
+                if kind is not wire.CallReturned:
+                    if current is head:
+                        if head_answered:
+                            break  # a second answer
+                        head_answered = True
+                    elif current.call.id in answers:
+                        break
+                    else:
+                        answers[current.call.id] = msg
+                if kind is wire.Result:
+                    continue  # answered; its code returns with a CallReturned
+                if current is head:
+                    if not head_answered:
+                        break  # returned before answering
+                    gone_on = True
+                else:
+                    if current.call.id not in answers:
+                        break
+                    done += 1
+        started = pending[done] if gone_on and done < len(pending) else None
+        back: list[CallSlot] = []
+        for slot in pending[1:]:
+            if slot.finished:
+                continue
+            if slot.abandoned:
+                self._complete(slot)
+                continue
+            msg = answers.get(slot.call.id)
+            if msg is not None:
+                try:
+                    worker_frames.check_result(msg)
+                except worker_frames.FrameRejected as exc:
+                    slot.error = WorkerFailure("garbage", f"the worker sent a malformed frame: {exc}")
+                    self._complete(slot)
+                    continue
+                slot.result = msg
+                self._complete(slot)
+            elif slot is started:
+                slot.error = WorkerFailure("crashed", "its worker was stopped (the call before it was cancelled or "
+                                           "timed out) just after it may have started; it was not run again")
+                self._complete(slot)
+                log("call_not_rerun", level="warning", plugin=self.name, pid=worker.pid, tool=slot.call.tool,
+                    note="the call may have started on a stopped worker: failed rather than run twice")
+            elif self.closed:
+                slot.error = WorkerFailure("unavailable", f"plugin {self.name} was unloaded")
+                self._complete(slot)
+            else:
+                back.append(slot)
+        if back:
+            self.queue.extendleft(reversed(back))
+            self._dispatch_to_idle()
 
     def ask(self, slot: CallSlot, msg: wire.Ask, worker: PoolWorker | None = None) -> None:
         """The running call asks its client something: stop its deadline, hand the round to whoever

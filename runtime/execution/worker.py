@@ -54,7 +54,7 @@ class WorkerEvents(Protocol):
 class Worker(ChildProcess):
     """One worker process of a pool: its child process and the calls it was given."""
 
-    __slots__ = ("pending", "calls", "ready", "layers", "oom_seen", "max_frame")
+    __slots__ = ("pending", "calls", "ready", "layers", "oom_seen", "max_frame", "reader_done")
 
     def __init__(self, child: ChildProcess, max_frame: int) -> None:
         super().__init__(child.proc, child.raw, child.scratch, child.token)
@@ -67,6 +67,15 @@ class Worker(ChildProcess):
         self.layers: list[str] = []
         #: OOM kills of this worker's cgroup already reported (per_call: one per killed call).
         self.oom_seen = 0
+        #: Set when its reader (``read_frames``) has stopped: ``last_words`` reads the socket after it.
+        self.reader_done = trio.Event()
+
+    async def last_words(self, limit_s: float, max_bytes: int) -> bytes:
+        """``ChildProcess.last_words`` once the reader has stopped (``kill`` wakes it), so that the two
+        never read the socket at once and nothing the reader took is missed."""
+        with trio.move_on_after(limit_s):
+            await self.reader_done.wait()
+        return await super().last_words(limit_s, max_bytes)
 
 
 class ProcessWorkers:
@@ -167,14 +176,23 @@ def _misbehaved(pool: WorkerEvents, worker: Worker, why: str) -> None:
 
 async def read_frames(pool: WorkerEvents, worker: Worker) -> None:
     """Match the worker's frames to its pending calls, in order, and tell the pool."""
+    try:
+        await _read_frames(pool, worker)
+    finally:
+        worker.reader_done.set()
+
+
+async def _read_frames(pool: WorkerEvents, worker: Worker) -> None:
     decode = wire.from_worker_decoder.decode
     try:
         while True:
+            if worker.dead:
+                return  # what it read and did not handle stays in ``buf`` (``last_words``)
             try:
                 frames = wire.split_frames(worker.buf, worker.max_frame, FRAMES_PER_CHECKPOINT) if worker.buf else []
             except ValueError:
                 raise WorkerFailure("output_cap", "the tool's output exceeded its size limit") from None
-            for raw_frame in frames:
+            for i, raw_frame in enumerate(frames):
                 try:
                     msg = decode(raw_frame)
                 except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, ValueError):
@@ -210,6 +228,9 @@ async def read_frames(pool: WorkerEvents, worker: Worker) -> None:
                 else:
                     raise WorkerFailure("garbage", "the worker sent an unexpected frame")
                 if worker.dead:
+                    # Ended while this batch was handled (a call cancelled by what an answer set off):
+                    # the frames not handled go back, for ``last_words``.
+                    worker.buf[0:0] = b"".join(wire.HEADER.pack(len(f)) + f for f in frames[i + 1:])
                     return
             if worker.dead:
                 return

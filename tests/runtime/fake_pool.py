@@ -54,6 +54,9 @@ class FakeWorker:
         self.received: list[Any] = []
         #: How many writes the pool made (calls batched in one write count once).
         self.writes = 0
+        self.hold_socket = False
+        #: Frames the worker wrote that the pool had not read when it was killed (``last_words``).
+        self.unread = b""
 
     def write(self, data: bytes) -> bool:
         if self.dead:
@@ -66,6 +69,11 @@ class FakeWorker:
         if not self.dead:
             KILLED.append(self.pid)
         self.dead = True
+
+    async def last_words(self, limit_s: float, max_bytes: int) -> bytes:
+        """What the worker wrote that the pool had not read when it was killed (a test sets
+        ``unread``: encoded frames, e.g. an answer that was on its way)."""
+        return self.unread
 
     def calls_received(self) -> list[wire.Call]:
         return [m for m in self.received if type(m) is wire.Call]
@@ -113,7 +121,8 @@ class SocketWorker(Worker):
             trio.lowlevel.notify_closing(self.raw)
         except (RuntimeError, ValueError, OSError):
             pass
-        self.raw.close()
+        if not self.hold_socket:
+            self.raw.close()
 
 
 def socket_worker(pool: WorkerPool, tmp_path: Path) -> tuple[SocketWorker, Any]:

@@ -4,6 +4,7 @@ show (isolation, kills, real frames) stays in test_workers_via_daemon.py and tes
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from fake_pool import KILLED, FakeWorkers, fake_pool
+from fake_pool import KILLED, FakeWorkers, fake_pool, socket_worker
 from runtime.execution.pool import BATCH_MAX, IDLE_RETIRE_S, WorkerPool
 from runtime.execution.runner import CallSlot
 from runtime.protocol.errors import PoolBusy, WorkerFailure
@@ -360,4 +361,102 @@ async def test_an_answered_call_keeps_its_worker_busy_until_it_returns_and_its_d
         await trio.testing.wait_all_tasks_blocked()
         (replacement,) = factory.alive()
         assert [c.id for c in replacement.calls_received()] == [second.call.id]
+        nursery.cancel_scope.cancel()
+
+
+def _answer_frame(slot: CallSlot, text: str) -> bytes:
+    """The frame a pooled worker writes when a call's code returned (what may be on its way when the
+    pool kills the worker)."""
+    return wire.encode_frame(wire.ResultReturned(slot.call.id, [{"type": "text", "text": text}]))
+
+
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+@pytest.mark.parametrize("answered_unread", [0, 1, 2])
+async def test_a_killed_workers_last_answers_decide_which_batched_calls_may_run_elsewhere(
+        how: str, answered_unread: int, tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """The pool kills a worker for its running call (cancelled, or past its deadline) while the worker's
+    last answers are still unread: it may have finished that call and gone on to the next. What it
+    wrote decides: a call it answered gets that answer, the call after the last one it finished may
+    have started and fails (never run twice), only the calls after that run elsewhere."""
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10, timeout_s=5), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        slots = [_call(pool, done, i) for i in range(5)]
+        await trio.testing.wait_all_tasks_blocked()
+        (first,) = factory.started
+        first.finish(pool)  # slots[1:] are batched on it now; slots[1] runs
+        assert list(first.pending) == slots[1:]
+        running, behind = slots[1], slots[2:]
+        # Unread: the running call's answer, and then maybe the next one's.
+        first.unread = b"".join(_answer_frame(s, f"ran {i}") for i, s in enumerate(slots[1:1 + answered_unread]))
+        if how == "cancel":
+            pool.withdraw(running)
+        else:
+            await trio.sleep(5.5)
+        assert first.dead
+        await trio.testing.wait_all_tasks_blocked()
+        (second,) = factory.alive()
+        rerun = [c.id for c in second.calls_received()]
+        if answered_unread == 0:  # it never finished the running call: nothing behind it started
+            assert rerun == [s.call.id for s in behind]
+        else:
+            # behind[:answered_unread - 1] were answered on the dead worker; the next may have started.
+            answered = behind[:answered_unread - 1]
+            maybe_started = behind[answered_unread - 1]
+            assert [s.result.content[0]["text"] for s in answered if s.result] == \
+                [f"ran {i}" for i in range(1, answered_unread)]
+            assert maybe_started.error is not None and "not run again" in maybe_started.error.message
+            assert rerun == [s.call.id for s in behind[answered_unread:]]
+            assert maybe_started.call.id not in rerun and all(s.call.id not in rerun for s in answered)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_killed_workers_last_frames_out_of_order_are_not_believed(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """A worker's last frames that are not what a worker running its calls in order writes (an answer
+    for a later call first) are not believed: the calls behind run elsewhere, as when nothing came."""
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        slots = [_call(pool, done, i) for i in range(4)]
+        await trio.testing.wait_all_tasks_blocked()
+        (first,) = factory.started
+        first.finish(pool)
+        first.unread = _answer_frame(slots[3], "forged") + b"\x00\x00\x00\x05junk!"
+        pool.withdraw(slots[1])
+        await trio.testing.wait_all_tasks_blocked()
+        (second,) = factory.alive()
+        assert [c.id for c in second.calls_received()] == [slots[2].call.id, slots[3].call.id]
+        assert slots[3].result is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_over_a_real_socket_an_answer_unread_at_the_kill_is_read_before_anything_runs_again(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """The same rule through a real ``Worker`` and its reader over a socket pair: the running call's
+    answer is in the socket, unread, when its client cancels it; the pool still reads it (the socket
+    stays open after the kill until its end), so the next call, which may have started, is not run
+    again, and the one after it is."""
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10))
+        worker, theirs = socket_worker(pool, tmp_path)
+        done: list[CallSlot] = []
+        slots = [pool.new_slot("t", {"i": i}, False, -1, None, done.append) for i in range(3)]
+        pool.in_flight += 3
+        pool._dispatch(worker, slots)
+        await trio.testing.wait_all_tasks_blocked()  # the reader waits on the socket
+        os.write(theirs.fileno(), _answer_frame(slots[0], "first ran"))  # on its way (no checkpoint: unread)
+        pool.withdraw(slots[0])  # the client cancels at that instant
+        assert worker.dead
+        theirs.close()  # the worker process is gone: its end of the socket closes
+        await trio.testing.wait_all_tasks_blocked()
+        assert slots[1].error is not None and "not run again" in slots[1].error.message
+        # Never started: back in the pool (queued, or already on the worker that replaced this one).
+        assert not slots[2].finished and slots[2].error is None
+        assert slots[2] in pool.queue or any(slots[2] in w.pending for w in pool.workers if w is not worker)
+        assert worker.raw.fileno() == -1  # closed once read
         nursery.cancel_scope.cancel()
