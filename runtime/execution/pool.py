@@ -498,6 +498,17 @@ class WorkerPool(CallsInFlight):
         answer; the call after the last one it finished may have started, and fails (a call is never
         run twice); the calls after that cannot have started, and go back to the front of the queue."""
         data = await worker.last_words(LAST_WORDS_S, self.limits.max_output_bytes + LAST_WORDS_OVERHEAD)
+        try:
+            self._settle(worker, pending, data)
+        except Exception as exc:  # our bug, set off by what a worker wrote: its calls fail, the pool goes on
+            log("internal_error", level="error", where="a killed worker's last frames", plugin=self.name,
+                error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            for slot in pending[1:]:
+                if not slot.finished:
+                    slot.error = WorkerFailure("garbage", "the daemon could not handle what the worker sent")
+                    self._complete(slot)
+
+    def _settle(self, worker: PoolWorker, pending: list[CallSlot], data: bytes) -> None:
         done = 1  # pending[:done] are finished on the worker: the head's fate is already decided
         answers: dict[int, wire.Result] = {}
         head = pending[0]
@@ -548,15 +559,15 @@ class WorkerPool(CallsInFlight):
             if msg is not None:
                 try:
                     worker_frames.check_result(msg)
-                except worker_frames.FrameRejected as exc:
+                except (worker_frames.FrameRejected, RecursionError, ValueError) as exc:
                     slot.error = WorkerFailure("garbage", f"the worker sent a malformed frame: {exc}")
                     self._complete(slot)
                     continue
                 slot.result = msg
                 self._complete(slot)
             elif slot is started:
-                slot.error = WorkerFailure("crashed", "its worker was stopped (the call before it was cancelled or "
-                                           "timed out) just after it may have started; it was not run again")
+                slot.error = WorkerFailure("crashed", "its worker was stopped just as this call may have started "
+                                           "(the call before it had ended); it was not run again")
                 self._complete(slot)
                 log("call_not_rerun", level="warning", plugin=self.name, pid=worker.pid, tool=slot.call.tool,
                     note="the call may have started on a stopped worker: failed rather than run twice")

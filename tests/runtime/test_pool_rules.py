@@ -460,3 +460,33 @@ async def test_over_a_real_socket_an_answer_unread_at_the_kill_is_read_before_an
         assert slots[2] in pool.queue or any(slots[2] in w.pending for w in pool.workers if w is not worker)
         assert worker.raw.fileno() == -1  # closed once read
         nursery.cancel_scope.cancel()
+
+
+async def test_a_bug_while_reading_a_killed_workers_last_frames_fails_its_calls_not_the_pool(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import worker_frames
+
+    def broken(msg: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(worker_frames, "check_result", broken)
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10), factory)
+        await _started(pool)
+        done: list[CallSlot] = []
+        slots = [_call(pool, done, i) for i in range(4)]
+        await trio.testing.wait_all_tasks_blocked()
+        (first,) = factory.started
+        first.finish(pool)
+        first.unread = _answer_frame(slots[1], "a") + _answer_frame(slots[2], "b")
+        pool.withdraw(slots[1])
+        await trio.testing.wait_all_tasks_blocked()
+        assert all(s.finished and s.error is not None and s.error.kind == "garbage" for s in slots[2:])
+        monkeypatch.undo()
+        later = _call(pool, done, 9)
+        await trio.testing.wait_all_tasks_blocked()
+        (second,) = factory.alive()
+        second.finish(pool, "still serving")
+        assert later.result is not None and later.result.content[0]["text"] == "still serving"
+        nursery.cancel_scope.cancel()
