@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +15,14 @@ import pytest
 from skip_reasons import pytest_runtest_makereport  # noqa: F401 (a hook: the reason of a skip in a trio test)
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: The daemons the tests start keep their default state (task store, pid files, keys, scopes) in a
+#: directory of this test run, never in the user's (``$XDG_RUNTIME_DIR/toolcell-UID``, else
+#: ``/tmp/toolcell-UID``), which a developer's own daemon, or another test run, would share: they then
+#: took each other for replicas of one deployment (``catalog_differs``) and left pid files behind there.
+_RUN_STATE = tempfile.mkdtemp(prefix="toolcell-tests-")
+os.environ["XDG_RUNTIME_DIR"] = _RUN_STATE
+atexit.register(shutil.rmtree, _RUN_STATE, True)
 
 
 def _toml_value(value: Any) -> str:
