@@ -190,11 +190,12 @@ class Daemon:
         paths = discover(self.config.plugins)
         return (paths, *self._changed(paths, known, held, signatures))
 
-    async def reload(self) -> bool:
+    async def reload(self, quiet: bool = False) -> bool:
         """Bring the catalog in line with the plugin folders; returns True if the tool set changed.
 
         Only new, changed and removed plugins are touched: the others keep their pools and workers,
-        and their folders cost a few ``stat`` calls each."""
+        and their folders cost a few ``stat`` calls each. ``quiet``: a look that finds nothing to do
+        is not logged (the file watcher's catch-up)."""
         async with self._reload_lock:
             self.reloads += 1
             t0 = time.perf_counter()
@@ -210,8 +211,9 @@ class Daemon:
             on_disk = set(paths)
             removed = [p for path, p in known.items() if path not in on_disk]
             if not prints and not removed:
-                log("reload_done", changed=False, catalog_version=self.catalog.version,
-                    scan_ms=round((time.perf_counter() - t0) * 1000, 1))
+                if not quiet:
+                    log("reload_done", changed=False, catalog_version=self.catalog.version,
+                        scan_ms=round((time.perf_counter() - t0) * 1000, 1))
                 return False
             t1 = time.perf_counter()
             fresh = await self._load_paths(list(prints), prints=prints)

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 #: watchfiles checks for changes every step and yields once a step brings no new ones, so a save is
 #: seen 1-2 steps after it lands; changes closer together than a step are one reload.
 WATCH_STEP_MS = 10
+#: After the watchers start: when to look once for what changed before they were watching.
+WATCH_CATCH_UP_S = 0.25
 
 
 PIDFILE_PREFIX = "toolcell-"
@@ -235,10 +237,19 @@ async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
                 rearm.set()
                 return
 
+        async def catch_up() -> None:
+            # A change made after the folders were last scanned (the daemon's start, or the reload
+            # below a re-arm) but before the watchers above were watching (each sets its watches when
+            # it first runs) raises no event: once they are surely set, look again (a no-op if nothing
+            # changed, and then silent).
+            await trio.sleep(WATCH_CATCH_UP_S)
+            await daemon.reload(quiet=True)
+
         async with trio.open_nursery() as nursery:
             if trees:
                 nursery.start_soon(watch_trees)
             nursery.start_soon(watch_anchors)
+            nursery.start_soon(catch_up)
             await rearm.wait()
             nursery.cancel_scope.cancel()
         present = _present(folders)

@@ -173,3 +173,23 @@ async def test_an_edit_landing_while_the_previous_version_loads_is_picked_up_by_
         with trio.fail_after(WAIT_S):
             assert await daemon.reload() is True  # the watcher's reload for the second save
         assert sorted(daemon.catalog.by_name) == ["r1", "r3"]
+
+
+async def test_a_change_made_before_the_watcher_was_watching_is_still_picked_up(tmp_path: Path) -> None:
+    """The file watcher sets its watches when it first runs: a plugin edited after the daemon loaded
+    it but before then raises no event. The watcher looks once more after starting, so the edit is
+    served without any later change to the folder."""
+    from runtime.reload import serve_watcher
+
+    plugins = tmp_path / "plugins"
+    write_plugin(plugins, "alpha", {"a1": "one"})
+    async with open_daemon(Config(plugins=[str(plugins)], policy="none", watch=False,
+                                  state_dir=str(tmp_path / "state"))) as daemon:
+        assert [e.name for e in daemon.catalog.entries] == ["a1"]
+        write_plugin(plugins, "alpha", {"a1": "one", "a2": "two"})  # before any watch exists
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_watcher, daemon, 50)
+            with trio.fail_after(WAIT_S):
+                while [e.name for e in daemon.catalog.entries] != ["a1", "a2"]:
+                    await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
