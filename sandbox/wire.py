@@ -293,23 +293,31 @@ def encode_frame(msg: Any) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def split_frames(buf: bytearray, max_frame: int = MAX_FRAME_BYTES, max_count: int = 1 << 30) -> list[bytes]:
-    """Remove and return the complete frame bodies (at most ``max_count``) at the front of ``buf``.
-
-    Raises ``ValueError`` for a frame longer than ``max_frame`` (the peer is broken or hostile).
-    """
-    out: list[bytes] = []
+def _frame_spans(buf: bytearray, max_frame: int, max_count: int) -> tuple[list[tuple[int, int]], int]:
+    """Where the complete frame bodies (at most ``max_count``) at the front of ``buf`` are, and where
+    the first incomplete one starts. Raises ``ValueError`` for a frame longer than ``max_frame``."""
+    spans: list[tuple[int, int]] = []
     pos = 0
     n = len(buf)
-    while n - pos >= 4 and len(out) < max_count:
+    while n - pos >= 4 and len(spans) < max_count:
         (length,) = HEADER.unpack_from(buf, pos)
         if length > max_frame:
             raise ValueError(f"frame of {length} bytes exceeds the {max_frame}-byte cap")
         end = pos + 4 + length
         if end > n:
             break
-        out.append(bytes(buf[pos + 4 : end]))
+        spans.append((pos + 4, end))
         pos = end
+    return spans, pos
+
+
+def split_frames(buf: bytearray, max_frame: int = MAX_FRAME_BYTES, max_count: int = 1 << 30) -> list[bytes]:
+    """Remove and return the complete frame bodies (at most ``max_count``) at the front of ``buf``.
+
+    Raises ``ValueError`` for a frame longer than ``max_frame`` (the peer is broken or hostile).
+    """
+    spans, pos = _frame_spans(buf, max_frame, max_count)
+    out = [bytes(buf[start:end]) for start, end in spans]
     if pos:
         del buf[:pos]
     return out
@@ -320,19 +328,9 @@ def decode_frames(buf: bytearray, decoder: msgspec.msgpack.Decoder[Any], max_fra
     remove the complete frames at the front of ``buf`` and return them decoded. The same cap
     (``ValueError``) and the decoder's own strictness; if a frame fails to decode, its error is raised
     and ``buf`` is left as it was."""
-    out: list[Any] = []
-    pos = 0
-    n = len(buf)
+    spans, pos = _frame_spans(buf, max_frame, 1 << 30)
     with memoryview(buf) as view:
-        while n - pos >= 4:
-            (length,) = HEADER.unpack_from(buf, pos)
-            if length > max_frame:
-                raise ValueError(f"frame of {length} bytes exceeds the {max_frame}-byte cap")
-            end = pos + 4 + length
-            if end > n:
-                break
-            out.append(decoder.decode(view[pos + 4 : end]))
-            pos = end
+        out = [decoder.decode(view[start:end]) for start, end in spans]
     if pos:
         del buf[:pos]
     return out
