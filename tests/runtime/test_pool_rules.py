@@ -364,6 +364,21 @@ async def test_an_answered_call_keeps_its_worker_busy_until_it_returns_and_its_d
         nursery.cancel_scope.cancel()
 
 
+async def _batched_on_one_worker(nursery: trio.Nursery, tmp_path: Path, count: int, limits: wire.Limits
+                                 ) -> tuple[WorkerPool, FakeWorkers, Any, list[CallSlot]]:
+    """A one-worker pool given ``count`` calls, whose first has finished: the rest are batched on the
+    worker (``first``), ``slots[1]`` running. Returns (pool, factory, first, slots)."""
+    factory = FakeWorkers()
+    pool = fake_pool(nursery, tmp_path, limits, factory)
+    await _started(pool)
+    done: list[CallSlot] = []
+    slots = [_call(pool, done, i) for i in range(count)]
+    await trio.testing.wait_all_tasks_blocked()
+    (first,) = factory.started
+    first.finish(pool)
+    return pool, factory, first, slots
+
+
 def _answer_frame(slot: CallSlot, text: str) -> bytes:
     """The frame a pooled worker writes when a call's code returned (what may be on its way when the
     pool kills the worker)."""
@@ -378,15 +393,9 @@ async def test_a_killed_workers_last_answers_decide_which_batched_calls_may_run_
     last answers are still unread: it may have finished that call and gone on to the next. What it
     wrote decides: a call it answered gets that answer, the call after the last one it finished may
     have started and fails (never run twice), only the calls after that run elsewhere."""
-    factory = FakeWorkers()
     async with trio.open_nursery() as nursery:
-        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10, timeout_s=5), factory)
-        await _started(pool)
-        done: list[CallSlot] = []
-        slots = [_call(pool, done, i) for i in range(5)]
-        await trio.testing.wait_all_tasks_blocked()
-        (first,) = factory.started
-        first.finish(pool)  # slots[1:] are batched on it now; slots[1] runs
+        pool, factory, first, slots = await _batched_on_one_worker(
+            nursery, tmp_path, 5, wire.Limits(max_concurrency=1, max_queue=10, timeout_s=5))
         assert list(first.pending) == slots[1:]
         running, behind = slots[1], slots[2:]
         # Unread: the running call's answer, and then maybe the next one's.
@@ -417,15 +426,9 @@ async def test_a_killed_workers_last_frames_out_of_order_are_not_believed(
         tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
     """A worker's last frames that are not what a worker running its calls in order writes (an answer
     for a later call first) are not believed: the calls behind run elsewhere, as when nothing came."""
-    factory = FakeWorkers()
     async with trio.open_nursery() as nursery:
-        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10), factory)
-        await _started(pool)
-        done: list[CallSlot] = []
-        slots = [_call(pool, done, i) for i in range(4)]
-        await trio.testing.wait_all_tasks_blocked()
-        (first,) = factory.started
-        first.finish(pool)
+        pool, factory, first, slots = await _batched_on_one_worker(
+            nursery, tmp_path, 4, wire.Limits(max_concurrency=1, max_queue=10))
         first.unread = _answer_frame(slots[3], "forged") + b"\x00\x00\x00\x05junk!"
         pool.withdraw(slots[1])
         await trio.testing.wait_all_tasks_blocked()
@@ -470,21 +473,15 @@ async def test_a_bug_while_reading_a_killed_workers_last_frames_fails_its_calls_
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(worker_frames, "check_result", broken)
-    factory = FakeWorkers()
     async with trio.open_nursery() as nursery:
-        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=1, max_queue=10), factory)
-        await _started(pool)
-        done: list[CallSlot] = []
-        slots = [_call(pool, done, i) for i in range(4)]
-        await trio.testing.wait_all_tasks_blocked()
-        (first,) = factory.started
-        first.finish(pool)
+        pool, factory, first, slots = await _batched_on_one_worker(
+            nursery, tmp_path, 4, wire.Limits(max_concurrency=1, max_queue=10))
         first.unread = _answer_frame(slots[1], "a") + _answer_frame(slots[2], "b")
         pool.withdraw(slots[1])
         await trio.testing.wait_all_tasks_blocked()
         assert all(s.finished and s.error is not None and s.error.kind == "garbage" for s in slots[2:])
         monkeypatch.undo()
-        later = _call(pool, done, 9)
+        later = _call(pool, [], 9)
         await trio.testing.wait_all_tasks_blocked()
         (second,) = factory.alive()
         second.finish(pool, "still serving")
