@@ -1,9 +1,10 @@
 """stdio transport: newline-delimited JSON-RPC on stdin/stdout; logs go to stderr only.
 
 Reads in large chunks; ``runtime.protocol.framing`` (sans-io) splits the lines (a line longer
-than ``max_message_bytes`` is refused with a clear error and skipped to its end); writes everything queued since the last
-write in one ``send_all`` so that many concurrent responses cost one syscall. On stdin EOF it
-lets in-flight calls finish, flushes, and returns.
+than ``max_message_bytes`` is refused with a clear error and skipped to its end). The first line
+of a scheduler pass is written the moment it is made; the rest of the pass, and anything a full
+pipe holds back, go together in the writer's next write. On stdin EOF it lets in-flight calls finish,
+flushes, and returns.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ class _Writer:
         self.wake = trio.Event()
         self.broken = False
         self.closing = False
+        #: The rest of a line ``emit`` could only write in part: it goes out before ``pending``.
+        self.partial = b""
+        #: ``flush`` is writing a chunk (``emit`` must queue behind it).
+        self.writing = False
+        #: ``emit`` wrote a line itself since ``run`` last ran (the rest of the pass queues).
+        self.wrote_this_pass = False
 
     def close(self) -> None:
         """Finish writing what is queued, then let ``run`` return."""
@@ -34,24 +41,49 @@ class _Writer:
         self.wake.set()
 
     def emit(self, data: bytes, error_code: int | None = None) -> None:
-        """Queue a line (``error_code``: an answer's, nothing to do with it on a line: see ``LineSink``)."""
+        """Send a line (``error_code``: an answer's, nothing to do with it on a line: see ``LineSink``).
+
+        The first line of a scheduler pass is written at once if the pipe takes it: the client reads
+        it while the daemon goes on (no wait for the end of the pass, nor for the writer's task).
+        Lines after it in the same pass queue, and the writer sends them together when it runs (one
+        write for many answers under load)."""
         if self.broken:
             return
-        self.pending.append(data)
+        if not self.wrote_this_pass and self.fd is not None and not self.pending and not self.partial \
+                and not self.writing:
+            self.wrote_this_pass = True
+            line = data + b"\n"
+            try:
+                written = os.write(self.fd, line)
+            except BlockingIOError:
+                written = 0
+            except OSError:
+                self.broken = True
+                return
+            if written < len(line):
+                # The pipe is full: the rest goes first when ``run`` writes (it waits for room).
+                self.partial = line[written:]
+        else:
+            self.pending.append(data)
         self.wake.set()
 
     async def run(self) -> None:
         while True:
             await self.wake.wait()
             self.wake = trio.Event()
+            self.wrote_this_pass = False
             await self.flush()
-            if self.closing and not self.pending:
+            if self.closing and not self.pending and not self.partial:
                 return
 
     async def flush(self) -> None:
-        while self.pending and not self.broken:
-            chunk = b"\n".join(self.pending) + b"\n"
+        while (self.pending or self.partial) and not self.broken:
+            chunk = self.partial + (b"\n".join(self.pending) + b"\n" if self.pending else b"")
+            self.partial = b""
             self.pending.clear()
+            # While a chunk is being written, ``emit`` queues (a line written past it would land
+            # inside it).
+            self.writing = True
             try:
                 if self.fd is not None:
                     await _write_fd(self.fd, chunk)
@@ -59,6 +91,8 @@ class _Writer:
                     await self.stream.send_all(chunk)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self.broken = True
+            finally:
+                self.writing = False
 
 
 async def _write_fd(fd: int, data: bytes) -> None:

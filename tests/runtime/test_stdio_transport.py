@@ -26,7 +26,7 @@ from stdio_peer import open_toolcell, text_of
 
 from runtime.config import load_config
 from runtime.daemon import Daemon, open_daemon
-from runtime.transports.stdio import serve_stdio
+from runtime.transports.stdio import _Writer, serve_stdio
 
 MAX_LINE = 4096
 WAIT_S = 15.0
@@ -342,6 +342,52 @@ async def test_over_real_pipes_a_client_that_reads_late_loses_nothing(daemon: Da
     assert len(answers) == count + 1 and sorted(by_id) == list(range(count + 1))
     for i in range(1, count + 1):
         assert text_of(by_id[i]) == f"{i}:{text}"
+
+
+async def test_the_first_line_of_a_pass_is_in_the_pipe_when_emit_returns_and_a_full_pipe_keeps_the_order() -> None:
+    """The writer writes the first answer of a scheduler pass the moment it is made (the client can
+    read it while the daemon goes on); the rest of the pass waits for the writer's one write. When
+    the pipe fills in the middle of a line, the rest of that line and every line emitted after it
+    follow, in order, once the client reads."""
+    import fcntl
+    out_r, out_w = os.pipe()
+    fcntl.fcntl(out_w, 1031, 4096)  # F_SETPIPE_SZ: one page
+    size = fcntl.fcntl(out_w, 1032)  # F_GETPIPE_SZ
+    os.set_blocking(out_r, False)
+    writer = _Writer(trio.lowlevel.FdStream(out_w))
+    output = bytearray()
+
+    async def read_until(length: int) -> None:
+        while len(output) < length:
+            await trio.lowlevel.wait_readable(out_r)
+            output.extend(os.read(out_r, 1 << 16))
+
+    with trio.fail_after(WAIT_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            writer.emit(b"first")
+            assert os.read(out_r, 100) == b"first\n"  # there before anything awaited
+            writer.emit(b"second")  # the same pass: it waits for the writer
+            with pytest.raises(BlockingIOError):
+                os.read(out_r, 100)
+            await read_until(len(b"second\n"))
+            assert output == b"second\n"
+            output.clear()
+            # A new pass, the pipe nearly full: the first line goes in part, the rest queues.
+            filler = b"f" * (size - 100)
+            os.write(out_w, filler)
+            lines = [bytes([65 + i]) * (size // 3) for i in range(8)]
+            for line in lines:
+                writer.emit(line)
+            assert writer.partial and writer.pending
+            await read_until(len(filler) + size // 2)  # some room: the writer goes on
+            writer.emit(b"late")  # while part of the queue is still unwritten: it goes after it
+            lines.append(b"late")
+            writer.close()
+            expected = filler + b"".join(line + b"\n" for line in lines)
+            await read_until(len(expected))
+    assert bytes(output) == expected
+    os.close(out_r)
 
 
 # -- many calls, one connection ---------------------------------------------------------------------
