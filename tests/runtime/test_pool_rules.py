@@ -40,14 +40,19 @@ async def _started(pool: WorkerPool) -> None:
 
 async def test_calls_that_arrive_together_go_to_the_idle_workers_at_the_next_tick_one_write_each(
         tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """A call that finds nothing else in flight goes to an idle worker at once (nothing to share a
+    write with); the calls after it in the same pass wait for the dispatcher's turn, which gives
+    each idle worker its share in one write."""
     factory = FakeWorkers()
     async with trio.open_nursery() as nursery:
         pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=3), factory, min_workers=3)
         await _started(pool)
         assert len(pool.idle) == 3
         done: list[CallSlot] = []
-        slots = [_call(pool, done, i) for i in range(3)]
-        assert all(not w.received for w in factory.started)  # parked until the dispatcher's turn
+        slots = [_call(pool, done, 0)]
+        assert sum(len(w.calls_received()) for w in factory.started) == 1  # the lone call: at once
+        slots += [_call(pool, done, i) for i in range(1, 3)]
+        assert sum(len(w.calls_received()) for w in factory.started) == 1  # parked until the dispatcher's turn
         await trio.testing.wait_all_tasks_blocked()
         assert sorted(len(w.calls_received()) for w in factory.started) == [1, 1, 1]
         assert all(w.writes == 1 for w in factory.started)
