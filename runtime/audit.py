@@ -12,6 +12,9 @@ CPU kills —, ``cancelled``, ``unavailable``, ...); ``limit`` names the limit h
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import sys
 import time
 from typing import Any, TextIO
@@ -23,12 +26,47 @@ _LIMITS = {"timeout": "timeout_s", "output_cap": "max_output_bytes", "busy": "ma
            "rate_limited": "rate"}
 
 
+class AuditLogError(Exception):
+    """The audit log cannot be opened as a log file (the sentence says why and what to give)."""
+
+
+def open_log_file(target: str) -> TextIO:
+    """``target`` opened for appending lines: a regular file (made, readable by its owner only, if
+    it is not there) or a character device (``/dev/null``, a terminal). Never waits: a FIFO is
+    refused, with or without a reader (a log pipe whose reader is slow or gone would stop the daemon
+    at a write), as are a directory and a socket. Raises ``AuditLogError``."""
+    where = f"http.audit_log {target}"
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO with no reader
+            raise AuditLogError(f"{where}: a FIFO; give a regular file, or '-' for stderr") from None
+        if exc.errno == errno.ENOENT:
+            raise AuditLogError(f"{where}: its folder {os.path.dirname(target) or '.'} does not exist") from None
+        raise AuditLogError(f"{where}: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+        os.close(fd)
+        raise AuditLogError(problem_of_kind(where, mode))
+    os.set_blocking(fd, True)
+    return open(fd, "a", encoding="utf-8", buffering=1, closefd=True)  # noqa: SIM115 (kept for the daemon's life)
+
+
+def problem_of_kind(where: str, mode: int) -> str:
+    """Why a file of this kind cannot be the audit log."""
+    if stat.S_ISDIR(mode):
+        return f"{where}: a directory; name the log file itself"
+    if stat.S_ISFIFO(mode):
+        return f"{where}: a FIFO (a log pipe whose reader is slow or gone would stop the daemon); give a " \
+               "regular file, or '-' for stderr"
+    return f"{where}: not a regular file or a character device; give a regular file, or '-' for stderr"
+
+
 class AuditLog:
     def __init__(self, target: str) -> None:
         self._own = target != "-"
         # Open for the daemon's lifetime; close() ends it.
-        self._stream: TextIO = (open(target, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
-                                if self._own else sys.stderr)
+        self._stream: TextIO = open_log_file(target) if self._own else sys.stderr
 
     def hook(self, event: dict[str, Any]) -> None:
         """A ``Daemon.call_hooks`` entry."""

@@ -32,6 +32,7 @@ import msgspec
 from msgspec import Meta
 
 from runtime import config_problems, plugin_files
+from runtime.audit import problem_of_kind
 
 from runtime.http_config import HttpConfig, check_http_config
 from runtime.plugin_secrets import SecretSource, check_sources
@@ -211,6 +212,15 @@ def check_config(cfg: Config) -> list[str]:
                   ("http.oauth.introspection_client_secret_file", oauth.introspection_client_secret_file, False)]
     problems += [problem for key, path, needed in named if path is not None
                  for problem in [_named_file_problem(key, path, needed)] if problem]
+    audit_log = cfg.http.audit_log
+    if audit_log and audit_log != "-":
+        try:
+            mode = os.stat(audit_log).st_mode
+        except OSError:
+            pass  # made at start (``serve`` says then if its folder is missing: another box may have it)
+        else:
+            if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+                problems.append(problem_of_kind(f"http.audit_log {audit_log}", mode))
     return problems
 
 

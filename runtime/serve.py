@@ -23,11 +23,11 @@ from typing import Any
 import trio
 
 from runtime import logs, systemd
-from runtime.config import Config
+from runtime.config import Config, ConfigError
 from runtime.http_config import parse_listen
 from runtime.scope import Scope
 from sandbox.isolation import cgroups
-from runtime.audit import AuditLog
+from runtime.audit import AuditLog, AuditLogError
 from runtime.daemon import open_daemon
 from runtime.execution.pool import PHASES
 from runtime.metrics import Metrics
@@ -122,54 +122,60 @@ async def serve(cfg: Config, *, stdio: bool = False, http: str | None = None, un
         ensure_bindable(listen)
     if hcfg.metrics_listen and (listen is not None or unix or passed or stdio):
         ensure_bindable(parse_listen(hcfg.metrics_listen, default_port=9464))
-    async with open_daemon(cfg) as daemon:
-        daemon.scope = scope
-        audit: Any = None
-        metrics: Any = None
-        if hcfg.audit_log:
-            audit = AuditLog(hcfg.audit_log)
-            daemon.call_hooks.append(audit.hook)
-        if hcfg.metrics_listen and (listen is not None or unix or passed or stdio):
-            metrics = Metrics(daemon)
-            daemon.call_hooks.append(metrics.hook)
-        tracer = _tracing()
-        if tracer is not None:
-            daemon.calls.tracer = tracer
-        shutdown = trio.Event()
-        urls: list[str] = []
+    audit: Any = None
+    if hcfg.audit_log:
         try:
-            async with trio.open_nursery() as outer:
-                outer.start_soon(_watch_signals, daemon, shutdown, outer.cancel_scope, hcfg.drain_s)
-                outer.start_soon(_answer_calls_at_grace_end, daemon, shutdown, hcfg.shutdown_grace_s)
-                outer.start_soon(_notify_stopping, notifier, shutdown)
-                outer.start_soon(serve_reloaders, daemon)
-                async with trio.open_nursery() as servers:
-                    if listen is not None or unix or passed:
-                        urls = await servers.start(partial(
-                            serve_http, daemon, hcfg, listen=listen, unix=unix, passed=passed, shutdown=shutdown,
-                            audit=audit,
-                            on_app=metrics.add_app if metrics is not None else None))
-                        for url in urls:
-                            print(f"toolcell: MCP endpoint {url}", file=sys.stderr, flush=True)
-                    if metrics is not None:
-                        murl = await servers.start(serve_metrics, metrics, parse_listen(hcfg.metrics_listen or "", default_port=9464),
-                                                   shutdown)
-                        urls.append(murl)
-                        print(f"toolcell: metrics {murl}", file=sys.stderr, flush=True)
-                    logs.log("serving", transports=(["stdio"] if stdio else []) + urls, tools=len(daemon.catalog),
-                             plugins=len(daemon.plugins), refused=len(daemon.failed), policy=cfg.policy)
-                    if stdio:
-                        servers.start_soon(_serve_stdio, daemon, shutdown, hcfg.shutdown_grace_s)
-                    task_status.started(urls)
-                    notifier.notify("READY=1", f"STATUS=serving {len(daemon.catalog)} tools")
-                outer.cancel_scope.cancel()
-        finally:
+            audit = AuditLog(hcfg.audit_log)  # before the daemon starts: a log it cannot open stops it
+        except AuditLogError as exc:
+            raise ConfigError(str(exc)) from None
+    try:
+        async with open_daemon(cfg) as daemon:
+            daemon.scope = scope
+            metrics: Any = None
             if audit is not None:
-                audit.close()
+                daemon.call_hooks.append(audit.hook)
+            if hcfg.metrics_listen and (listen is not None or unix or passed or stdio):
+                metrics = Metrics(daemon)
+                daemon.call_hooks.append(metrics.hook)
+            tracer = _tracing()
             if tracer is not None:
-                daemon.calls.tracer = None
-                await trio.to_thread.run_sync(tracer.shutdown)  # flushes what is left to the collector
-            logs.log("stopped")
+                daemon.calls.tracer = tracer
+            shutdown = trio.Event()
+            urls: list[str] = []
+            try:
+                async with trio.open_nursery() as outer:
+                    outer.start_soon(_watch_signals, daemon, shutdown, outer.cancel_scope, hcfg.drain_s)
+                    outer.start_soon(_answer_calls_at_grace_end, daemon, shutdown, hcfg.shutdown_grace_s)
+                    outer.start_soon(_notify_stopping, notifier, shutdown)
+                    outer.start_soon(serve_reloaders, daemon)
+                    async with trio.open_nursery() as servers:
+                        if listen is not None or unix or passed:
+                            urls = await servers.start(partial(
+                                serve_http, daemon, hcfg, listen=listen, unix=unix, passed=passed, shutdown=shutdown,
+                                audit=audit,
+                                on_app=metrics.add_app if metrics is not None else None))
+                            for url in urls:
+                                print(f"toolcell: MCP endpoint {url}", file=sys.stderr, flush=True)
+                        if metrics is not None:
+                            murl = await servers.start(serve_metrics, metrics, parse_listen(hcfg.metrics_listen or "", default_port=9464),
+                                                       shutdown)
+                            urls.append(murl)
+                            print(f"toolcell: metrics {murl}", file=sys.stderr, flush=True)
+                        logs.log("serving", transports=(["stdio"] if stdio else []) + urls, tools=len(daemon.catalog),
+                                 plugins=len(daemon.plugins), refused=len(daemon.failed), policy=cfg.policy)
+                        if stdio:
+                            servers.start_soon(_serve_stdio, daemon, shutdown, hcfg.shutdown_grace_s)
+                        task_status.started(urls)
+                        notifier.notify("READY=1", f"STATUS=serving {len(daemon.catalog)} tools")
+                    outer.cancel_scope.cancel()
+            finally:
+                if tracer is not None:
+                    daemon.calls.tracer = None
+                    await trio.to_thread.run_sync(tracer.shutdown)  # flushes what is left to the collector
+                logs.log("stopped")
+    finally:
+        if audit is not None:
+            audit.close()
 
 
 def tracing_wanted() -> bool:

@@ -159,6 +159,11 @@ CASES: list[tuple[str, Make, str, str | None]] = [
      r"egress_ca_file /: not a regular file \(it is a directory\)", "1:1"),
     ("a tokens_file that is a FIFO", tokens_file_is_a_fifo, "http.tokens_file: .*tokens.toml is not a regular file: it is a FIFO",
      None),
+    # the file the daemon writes
+    ("an audit_log that is a FIFO", names_a_fifo('[http]\naudit_log = "{fifo}"\n'),
+     r"http.audit_log .*named.fifo: a FIFO \(a log pipe whose reader is slow or gone would stop the daemon\)", "2:1"),
+    ("an audit_log that is a directory", text('[http]\naudit_log = "/"\n'),
+     "http.audit_log /: a directory; name the log file itself", "2:1"),
 ]
 
 
@@ -204,6 +209,7 @@ SERVED: list[tuple[str, Make, str]] = [
     ("nested too deeply", text("x = " + "[" * 5000 + "]" * 5000 + "\n"), "not valid TOML: nested too deeply"),
     ("a wrong value in an inline table", text(OAUTH + "new_tokens_per_address = { per_s = -1 }\n"),
      ":4:28: http.oauth.new_tokens_per_address.per_s = -1: must be > 0"),
+    ("an audit_log that is a FIFO", names_a_fifo('[http]\naudit_log = "{fifo}"\n'), ":2:1: http.audit_log"),
 ]
 
 
@@ -220,3 +226,49 @@ def test_toolcell_serve_refuses_such_a_config_at_once_without_a_traceback(tmp_pa
     assert "Traceback" not in out.stderr
     problem = [line for line in out.stderr.splitlines() if line.startswith("toolcell: ")]
     assert len(problem) == 1 and says in problem[0] and str(path) in problem[0], out.stderr
+
+
+@pytest.mark.timeout(120)
+def test_toolcell_serve_says_when_the_audit_logs_folder_is_missing(tmp_path: Path) -> None:
+    """Checked when the daemon starts (another box, where ``toolcell tasks`` reads the same config,
+    may have the folder), before any worker: one line, exit 2, no traceback."""
+    path = tmp_path / "toolcell.toml"
+    path.write_text(f'[http]\naudit_log = "{tmp_path / "gone" / "audit.log"}"\n')
+    load_config(str(path), {})  # not a problem of the config itself
+    out = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "--http", "127.0.0.1:0", "--config",
+                          str(path), "--plugins", str(PLUGINS)], check=False, cwd=str(REPO), capture_output=True,
+                         text=True, timeout=90, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    problem = [line for line in out.stderr.splitlines() if line.startswith("toolcell: ")]
+    assert problem == [f"toolcell: http.audit_log {tmp_path / 'gone' / 'audit.log'}: its folder "
+                       f"{tmp_path / 'gone'} does not exist"], out.stderr
+    assert "worker" not in out.stderr  # refused before the daemon started anything
+
+
+def test_the_audit_log_opens_a_file_or_a_device_and_never_waits_on_a_fifo(tmp_path: Path) -> None:
+    """``open_log_file`` (the daemon's open, after the config's check: a FIFO may appear in between):
+    a FIFO is refused whether a reader is there (it would block writes) or not (the open would wait
+    for one); a new file is the owner's only; a character device is taken."""
+    from runtime.audit import AuditLogError, open_log_file
+
+    fifo_path = tmp_path / "pipe"
+    os.mkfifo(fifo_path)
+    with pytest.raises(AuditLogError, match="a FIFO; give a regular file"):
+        open_log_file(str(fifo_path))  # no reader: never waits for one
+    reader = os.open(fifo_path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(AuditLogError, match=r"a FIFO \(a log pipe"):
+            open_log_file(str(fifo_path))  # a reader: it opens, and is refused for what it is
+    finally:
+        os.close(reader)
+    with pytest.raises(AuditLogError, match="a directory"):
+        open_log_file(str(tmp_path))
+    new = tmp_path / "audit.log"
+    with open_log_file(str(new)) as stream:
+        stream.write("one\n")
+    assert new.read_text() == "one\n" and (new.stat().st_mode & 0o777) == 0o600
+    with open_log_file(str(new)) as stream:  # appended to, never truncated
+        stream.write("two\n")
+    assert new.read_text() == "one\ntwo\n"
+    with open_log_file("/dev/null") as stream:
+        stream.write("gone\n")
