@@ -63,7 +63,7 @@ class WriteQueue:
     """Writes to one non-blocking fd (a socket or a pipe): at once when it takes the bytes, else
     queued for ``serve``. ``max_unread``: more queued than this and ``write`` fails (``full``)."""
 
-    __slots__ = ("_fd", "_send", "_out", "_wake", "_sending", "unread", "max_unread", "full", "closed")
+    __slots__ = ("_fd", "_send", "_out", "_wake", "_sending", "unread", "max_unread", "full", "closed", "wrote_nothing")
 
     def __init__(self, fd: int, send: Callable[[bytes], int], max_unread: int = 0) -> None:
         self._fd = fd
@@ -75,18 +75,25 @@ class WriteQueue:
         self.max_unread = max_unread
         self.full = False
         self.closed = False
+        #: After ``write`` returned False: no byte of what it was given reached the fd (it was closed
+        #: or broken at the first send, or the queue was full before any of it went).
+        self.wrote_nothing = False
 
     def write(self, data: bytes) -> bool:
         """Send ``data`` now if the fd takes it, else leave it to ``serve``. False if the fd is broken
-        or closed, or (``full``) more than ``max_unread`` bytes wait."""
+        or closed, or (``full``) more than ``max_unread`` bytes wait; then ``wrote_nothing`` says
+        whether any of ``data`` left."""
         if self.closed:
+            self.wrote_nothing = True
             return False
+        sent = 0
         if not self._out and not self._sending:
             try:
                 sent = self._send(data)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError:
+                self.wrote_nothing = True
                 return False
             if sent == len(data):
                 return True
@@ -96,6 +103,7 @@ class WriteQueue:
             self.unread += len(data)
             if self.unread > self.max_unread:
                 self.full = True
+                self.wrote_nothing = sent == 0
                 return False
         self._wake.set()
         return True
@@ -251,6 +259,10 @@ class ChildProcess:
         if problem:
             raise PluginLoadError("isolation", problem)
         return msg
+
+    def wrote_nothing(self) -> bool:
+        """After ``write`` returned False: whether no byte of what it was given reached the child."""
+        return self.channel.wrote_nothing
 
     def kill(self) -> None:
         """Kill the whole process tree (once), stop its egress proxy, close the IPC socket."""

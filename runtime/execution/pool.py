@@ -110,6 +110,8 @@ class PoolWorker(Protocol):
     hold_socket: bool
 
     def write(self, data: bytes) -> bool: ...
+    def wrote_nothing(self) -> bool:
+        """After ``write`` returned False: whether no byte of what it was given reached the worker."""
     def kill(self) -> None: ...
     async def last_words(self, limit_s: float, max_bytes: int) -> bytes:
         """After ``kill`` with ``hold_socket`` set: what the worker wrote that was not handled yet."""
@@ -253,7 +255,12 @@ class WorkerPool(CallsInFlight):
         worker.pending.extend(slots)
         data = slots[0].frame if len(slots) == 1 else b"".join(slot.frame for slot in slots)
         if not worker.write(data):
-            self.fail_worker(worker, WorkerFailure("crashed", "the worker process exited unexpectedly"))
+            # Only a worker with nothing pending is given calls (``_dispatch_to_idle``,
+            # ``_make_available``). If no byte of them reached it (its socket closed or broken at the
+            # first send: a worker that ended while idle, before its end was seen), none of them
+            # started there, and they go to another worker instead of failing.
+            self.fail_worker(worker, WorkerFailure("crashed", "the worker process exited unexpectedly"),
+                             head_started=not worker.wrote_nothing())
 
     async def _dispatcher(self) -> None:
         """Hand queued calls to idle workers, once per scheduler tick in which calls arrived."""

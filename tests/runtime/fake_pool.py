@@ -58,6 +58,9 @@ class FakeWorker:
         #: Frames the worker wrote that the pool had not read when it was killed (``last_words``).
         self.unread = b""
 
+    def wrote_nothing(self) -> bool:
+        return self.dead  # a fake's write fails only when it is dead, before taking anything
+
     def write(self, data: bytes) -> bool:
         if self.dead:
             return False

@@ -470,6 +470,31 @@ async def test_over_a_real_socket_an_answer_unread_at_the_kill_is_read_before_an
         nursery.cancel_scope.cancel()
 
 
+async def test_a_call_given_to_a_worker_that_died_idle_unseen_runs_on_another_worker(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """An idle worker's process ended and the pool has not seen it yet (its reader and its watcher
+    have not run): a call given to it meets a broken socket at the first send. No byte of it reached
+    the worker, so it did not start there: it runs on another worker instead of failing "exited"."""
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=2, max_queue=10), factory)
+        worker, theirs = socket_worker(pool, tmp_path)
+        await trio.testing.wait_all_tasks_blocked()
+        pool._make_available(worker)
+        assert list(pool.idle) == [worker]
+        theirs.close()  # the process is gone; nothing has run in the daemon since
+        done: list[CallSlot] = []
+        slot = _call(pool, done)  # a lone call: written at once, to the dead worker
+        assert worker.dead and worker not in pool.workers
+        assert not slot.finished and slot.error is None
+        await trio.testing.wait_all_tasks_blocked()
+        (replacement,) = factory.alive()
+        assert [c.id for c in replacement.calls_received()] == [slot.call.id]
+        replacement.finish(pool)
+        assert done == [slot] and slot.error is None and slot.result is not None
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_bug_while_reading_a_killed_workers_last_frames_fails_its_calls_not_the_pool(
         tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
     from runtime import worker_frames
