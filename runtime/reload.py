@@ -237,12 +237,16 @@ async def serve_watcher(daemon: Daemon, debounce_ms: int = 150) -> None:
                 rearm.set()
                 return
 
-        async def catch_up() -> None:
+        async def catch_up(plan: tuple[list[str], list[str]] = (trees, anchors), rearm: trio.Event = rearm) -> None:
             # A change made after the folders were last scanned (the daemon's start, or the reload
             # below a re-arm) but before the watchers above were watching (each sets its watches when
             # it first runs) raises no event: once they are surely set, look again (a no-op if nothing
-            # changed, and then silent).
+            # changed, and then silent). A missing folder that appeared meanwhile (or a watched one
+            # that went) changes what must be watched: that is a re-arm, which reloads too.
             await trio.sleep(WATCH_CATCH_UP_S)
+            if _watch_plan(folders) != plan:
+                rearm.set()
+                return
             await daemon.reload(quiet=True)
 
         async with trio.open_nursery() as nursery:

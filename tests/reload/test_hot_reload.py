@@ -193,3 +193,40 @@ async def test_a_change_made_before_the_watcher_was_watching_is_still_picked_up(
                 while [e.name for e in daemon.catalog.entries] != ["a1", "a2"]:
                     await trio.sleep(0.02)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_missing_folder_that_appears_before_the_watcher_was_watching_is_watched_from_then_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin folder missing at start is watched for through its nearest existing ancestor; if it
+    appears after the watcher made its plan and before that watch is set, no event comes. The
+    watcher's second look finds it: it is served, and watched, so a plugin added to it later is
+    served too (it used to be served by the second look and then never watched)."""
+    import runtime.reload
+    from runtime.reload import serve_watcher
+
+    plugins = tmp_path / "later" / "plugins"
+    plan = runtime.reload._watch_plan
+    appeared: list[bool] = []
+
+    def plan_then_appear(folders: list[str]) -> tuple[list[str], list[str]]:
+        made = plan(folders)
+        if not appeared:  # the race: right after the first plan, before any watch is set
+            appeared.append(True)
+            write_plugin(plugins, "alpha", {"a1": "one"})
+        return made
+
+    monkeypatch.setattr(runtime.reload, "_watch_plan", plan_then_appear)
+    async with open_daemon(Config(plugins=[str(plugins)], policy="none", watch=False,
+                                  state_dir=str(tmp_path / "state"))) as daemon:
+        assert not daemon.catalog.entries
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_watcher, daemon, 50)
+            with trio.fail_after(WAIT_S):
+                while [e.name for e in daemon.catalog.entries] != ["a1"]:
+                    await trio.sleep(0.02)
+            await trio.sleep(1.0)  # past the second look of the re-armed watcher
+            write_plugin(plugins, "beta", {"b1": "bee"})
+            with trio.fail_after(WAIT_S):
+                while sorted(e.name for e in daemon.catalog.entries) != ["a1", "b1"]:
+                    await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
