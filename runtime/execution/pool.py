@@ -258,9 +258,11 @@ class WorkerPool(CallsInFlight):
             # Only a worker with nothing pending is given calls (``_dispatch_to_idle``,
             # ``_make_available``). If no byte of them reached it (its socket closed or broken at the
             # first send: a worker that ended while idle, before its end was seen), none of them
-            # started there, and they go to another worker instead of failing.
+            # started there, and they go to another worker instead of failing. Not from a worker that
+            # never ran a call: a plugin whose workers end as soon as they are ready would have the
+            # pool start worker after worker for the same calls, forever; those fail, as before.
             self.fail_worker(worker, WorkerFailure("crashed", "the worker process exited unexpectedly"),
-                             head_started=not worker.wrote_nothing())
+                             head_started=not (worker.calls and worker.wrote_nothing()))
 
     async def _dispatcher(self) -> None:
         """Hand queued calls to idle workers, once per scheduler tick in which calls arrived."""

@@ -479,6 +479,7 @@ async def test_a_call_given_to_a_worker_that_died_idle_unseen_runs_on_another_wo
     async with trio.open_nursery() as nursery:
         pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=2, max_queue=10), factory)
         worker, theirs = socket_worker(pool, tmp_path)
+        worker.calls = 3  # it has served calls (a worker that never ran one: the test below)
         await trio.testing.wait_all_tasks_blocked()
         pool._make_available(worker)
         assert list(pool.idle) == [worker]
@@ -492,6 +493,24 @@ async def test_a_call_given_to_a_worker_that_died_idle_unseen_runs_on_another_wo
         assert [c.id for c in replacement.calls_received()] == [slot.call.id]
         replacement.finish(pool)
         assert done == [slot] and slot.error is None and slot.result is not None
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_call_refused_by_a_worker_that_never_ran_one_fails_so_a_plugin_cannot_loop_the_pool(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """A plugin whose workers end as soon as they are ready: the call given to such a worker fails
+    ("exited") rather than go back to the queue, or the pool would start worker after worker for it,
+    forever."""
+    factory = FakeWorkers()
+    async with trio.open_nursery() as nursery:
+        pool = fake_pool(nursery, tmp_path, wire.Limits(max_concurrency=2, max_queue=10), factory)
+        worker, theirs = socket_worker(pool, tmp_path)
+        await trio.testing.wait_all_tasks_blocked()
+        pool._make_available(worker)
+        theirs.close()
+        done: list[CallSlot] = []
+        slot = _call(pool, done)
+        assert done == [slot] and slot.error is not None and "exited unexpectedly" in slot.error.message
         nursery.cancel_scope.cancel()
 
 
