@@ -19,8 +19,13 @@ from runtime.protocol.core import Batch
 from runtime.protocol.framing import TOO_LONG, Item, LineSplitter
 
 
+#: Answers not yet taken by the client, in bytes, past which stdin is no longer read (until the client
+#: reads): a client that sends without reading cannot make the daemon hold its answers without end.
+MAX_UNREAD_ANSWERS = 32 * 1024 * 1024
+
+
 class _Writer:
-    def __init__(self, stream: trio.abc.SendStream) -> None:
+    def __init__(self, stream: trio.abc.SendStream, max_backlog: int | None = None) -> None:
         self.stream = stream
         #: A pipe or file we write ourselves (``_write_fd``); None: through the stream's ``send_all``.
         self.fd = stream.fileno() if isinstance(stream, trio.lowlevel.FdStream) else None
@@ -34,6 +39,10 @@ class _Writer:
         self.writing = False
         #: ``emit`` wrote a line itself since ``run`` last ran (the rest of the pass queues).
         self.wrote_this_pass = False
+        #: Bytes emitted and not yet written; over ``max_backlog``, ``room`` waits (the reader).
+        self.backlog = 0
+        self.max_backlog = MAX_UNREAD_ANSWERS if max_backlog is None else max_backlog
+        self._room: trio.Event | None = None
 
     def close(self) -> None:
         """Finish writing what is queued, then let ``run`` return."""
@@ -63,9 +72,18 @@ class _Writer:
             if written < len(line):
                 # The pipe is full: the rest goes first when ``run`` writes (it waits for room).
                 self.partial = line[written:]
+                self.backlog += len(self.partial)
         else:
             self.pending.append(data)
+            self.backlog += len(data) + 1
         self.wake.set()
+
+    async def room(self) -> None:
+        """Wait until the answers the client has not taken are within ``max_backlog`` (or the
+        output is broken: nobody will take them)."""
+        while self.backlog > self.max_backlog and not self.broken:
+            self._room = trio.Event()
+            await self._room.wait()
 
     async def run(self) -> None:
         while True:
@@ -93,6 +111,10 @@ class _Writer:
                 self.broken = True
             finally:
                 self.writing = False
+                self.backlog -= len(chunk)
+                if self._room is not None and (self.backlog <= self.max_backlog or self.broken):
+                    self._room.set()
+                    self._room = None
 
 
 async def _write_fd(fd: int, data: bytes) -> None:
@@ -170,6 +192,8 @@ async def serve_stdio(daemon: Daemon, stdin: trio.abc.ReceiveStream | None = Non
             try:
                 with read_scope:
                     while True:
+                        if writer.backlog > writer.max_backlog:
+                            await writer.room()  # the client reads its answers before it sends more
                         try:
                             if in_fd is not None:
                                 waited[0] = False

@@ -344,6 +344,64 @@ async def test_over_real_pipes_a_client_that_reads_late_loses_nothing(daemon: Da
         assert text_of(by_id[i]) == f"{i}:{text}"
 
 
+async def test_a_client_that_sends_without_reading_is_not_read_further_and_loses_nothing(
+        daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that keeps sending and never reads its answers: once the answers it has not taken
+    pass ``MAX_UNREAD_ANSWERS``, the daemon stops reading its stdin (it used to hold every answer,
+    without end). When the client reads, everything is answered."""
+    import runtime.transports.stdio as stdio_transport
+    monkeypatch.setattr(stdio_transport, "MAX_UNREAD_ANSWERS", 100_000)
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    text = "x" * 2000
+    count = 600  # ~1.2 MB of requests and of answers: many times the limit and both pipes
+    data = INIT + b"".join(req("tools/call", {"name": "echo", "arguments": {"text": f"{i}:{text}"}}, id=i)
+                           for i in range(1, count + 1))
+    stdin = trio.lowlevel.FdStream(in_r)
+    stdout = trio.lowlevel.FdStream(out_w)
+    os.set_blocking(in_w, False)
+    os.set_blocking(out_r, False)
+    output = bytearray()
+    sent = 0
+    with trio.fail_after(WAIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            async def serve() -> None:
+                await serve_stdio(daemon, stdin, stdout)
+                await stdout.aclose()
+
+            nursery.start_soon(serve)
+            quiet_since = trio.current_time()
+            while trio.current_time() - quiet_since < 1.0 and sent < len(data):  # send, never read
+                try:
+                    sent += os.write(in_w, data[sent:sent + 65536])
+                    quiet_since = trio.current_time()
+                except BlockingIOError:
+                    await trio.sleep(0.02)
+            assert sent < len(data) // 2, sent  # the daemon stopped taking requests
+            while sent < len(data) or len(output.split(b"\n")) <= count:  # now the client reads too
+                try:
+                    sent += os.write(in_w, data[sent:sent + 65536]) if sent < len(data) else 0
+                except BlockingIOError:
+                    pass
+                if sent == len(data) and in_w >= 0:
+                    os.close(in_w)
+                    in_w = -1
+                try:
+                    chunk = os.read(out_r, 1 << 16)
+                except BlockingIOError:
+                    await trio.sleep(0.005)
+                    continue
+                if not chunk:
+                    break
+                output += chunk
+    os.close(out_r)
+    await stdin.aclose()
+    answers = [json.loads(line) for line in bytes(output).split(b"\n") if line]
+    by_id = {m["id"]: m for m in answers}
+    assert len(answers) == count + 1 and sorted(by_id) == list(range(count + 1))
+    assert all(text_of(by_id[i]) == f"{i}:{text}" for i in range(1, count + 1))
+
+
 async def test_the_first_line_of_a_pass_is_in_the_pipe_when_emit_returns_and_a_full_pipe_keeps_the_order() -> None:
     """The writer writes the first answer of a scheduler pass the moment it is made (the client can
     read it while the daemon goes on); the rest of the pass waits for the writer's one write. When
