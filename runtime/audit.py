@@ -45,11 +45,25 @@ def open_log_file(target: str) -> TextIO:
             raise AuditLogError(f"{where}: its folder {os.path.dirname(target) or '.'} does not exist") from None
         raise AuditLogError(f"{where}: {exc.strerror or exc}") from None
     mode = os.fstat(fd).st_mode
-    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+    if not _loggable(mode):
         os.close(fd)
         raise AuditLogError(problem_of_kind(where, mode))
     os.set_blocking(fd, True)
     return open(fd, "a", encoding="utf-8", buffering=1, closefd=True)  # noqa: SIM115 (kept for the daemon's life)
+
+
+def _loggable(mode: int) -> bool:
+    return stat.S_ISREG(mode) or stat.S_ISCHR(mode)
+
+
+def existing_file_problem(target: str) -> str | None:
+    """What is wrong with ``target`` as the audit log if something is there already (the config's
+    check: a missing file is made at start, where a missing folder is said)."""
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return None
+    return None if _loggable(mode) else problem_of_kind(f"http.audit_log {target}", mode)
 
 
 def problem_of_kind(where: str, mode: int) -> str:

@@ -31,8 +31,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from runtime import config_problems, plugin_files
-from runtime.audit import problem_of_kind
+from runtime import audit, config_problems, plugin_files
 
 from runtime.http_config import HttpConfig, check_http_config
 from runtime.plugin_secrets import SecretSource, check_sources
@@ -214,13 +213,9 @@ def check_config(cfg: Config) -> list[str]:
                  for problem in [_named_file_problem(key, path, needed)] if problem]
     audit_log = cfg.http.audit_log
     if audit_log and audit_log != "-":
-        try:
-            mode = os.stat(audit_log).st_mode
-        except OSError:
-            pass  # made at start (``serve`` says then if its folder is missing: another box may have it)
-        else:
-            if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
-                problems.append(problem_of_kind(f"http.audit_log {audit_log}", mode))
+        problem = audit.existing_file_problem(audit_log)
+        if problem:
+            problems.append(problem)
     return problems
 
 

@@ -103,8 +103,8 @@ def read_client_config(path: str) -> tuple[dict[str, dict[str, Any]], dict[str, 
     """(server entries by name, VS Code input descriptions by id) from a client's config file.
 
     The file may come with a cloned repository (``.mcp.json``): the name the person gave is followed to
-    where it leads (``realpath``, which opens nothing), and that file is read as a plugin's files are
-    (``plugin_files``): a regular file only, never a FIFO or a device, without blocking, capped."""
+    where it leads and read as a plugin's files are (``plugin_files.read_named_text``): a regular file
+    only, never a FIFO or a device, without blocking, capped."""
     try:
         text = plugin_files.read_named_text(path, MAX_CLIENT_CONFIG_BYTES)
         if text is None:
