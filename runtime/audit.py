@@ -36,18 +36,39 @@ def open_log_file(target: str) -> TextIO:
     refused, with or without a reader (a log pipe whose reader is slow or gone would stop the daemon
     at a write), as are a directory and a socket. Raises ``AuditLogError``."""
     where = f"http.audit_log {target}"
+    folder = os.path.dirname(os.path.abspath(target))
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+    # In a folder anyone may write (sticky and world-writable, like /tmp), another user can plant the
+    # name before the daemon opens it: a link to a file the daemon may write (as root: any), or a file
+    # of theirs that would receive the log. What the kernel's protected_symlinks / protected_regular
+    # refuse, which a machine may have off: there, no link is followed, and the file must be ours or
+    # the folder owner's.
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        folder_st = os.stat(folder)
+    except OSError:
+        folder_st = None
+    shared = folder_st is not None and bool(folder_st.st_mode & stat.S_ISVTX) and bool(folder_st.st_mode & stat.S_IWOTH)
+    if shared:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(target, flags, 0o600)
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a FIFO with no reader
             raise AuditLogError(f"{where}: a FIFO; give a regular file, or '-' for stderr") from None
         if exc.errno == errno.ENOENT:
             raise AuditLogError(f"{where}: its folder {os.path.dirname(target) or '.'} does not exist") from None
+        if exc.errno == errno.ELOOP and shared:
+            raise AuditLogError(f"{where}: a link in {folder}, a folder anyone may write; links are not "
+                                "followed there (name the file itself, or log elsewhere)") from None
         raise AuditLogError(f"{where}: {exc.strerror or exc}") from None
-    mode = os.fstat(fd).st_mode
-    if not _loggable(mode):
+    st = os.fstat(fd)
+    if not _loggable(st.st_mode):
         os.close(fd)
-        raise AuditLogError(problem_of_kind(where, mode))
+        raise AuditLogError(problem_of_kind(where, st.st_mode))
+    if shared and folder_st is not None and stat.S_ISREG(st.st_mode) and st.st_uid not in (os.geteuid(), folder_st.st_uid):
+        os.close(fd)
+        raise AuditLogError(f"{where}: belongs to uid {st.st_uid}, in {folder}, a folder anyone may write: "
+                            "someone else may have made it to read the log; remove it, or log elsewhere")
     os.set_blocking(fd, True)
     return open(fd, "a", encoding="utf-8", buffering=1, closefd=True)  # noqa: SIM115 (kept for the daemon's life)
 

@@ -56,10 +56,13 @@ def tokens_file_is_a_fifo(path: Path) -> None:
     path.write_text(f'[http]\ntokens_file = "{path.with_name("tokens.toml")}"\n')
 
 
-def names_a_fifo(template: str) -> Make:
-    """A config whose ``template`` names ``{fifo}``: a FIFO beside it (the daemon would block reading it)."""
+def names_a_fifo(template: str, link: bool = False) -> Make:
+    """A config whose ``template`` names ``{fifo}``: a FIFO beside it (the daemon would block reading it);
+    ``link``: and ``{fifo}.link``, a symbolic link to it."""
     def make(path: Path) -> None:
         os.mkfifo(path.with_name("named.fifo"))
+        if link:
+            path.with_name("named.fifo.link").symlink_to("named.fifo")
         path.write_text(template.format(fifo=path.with_name("named.fifo")))
     return make
 
@@ -162,6 +165,8 @@ CASES: list[tuple[str, Make, str, str | None]] = [
     # the file the daemon writes
     ("an audit_log that is a FIFO", names_a_fifo('[http]\naudit_log = "{fifo}"\n'),
      r"http.audit_log .*named.fifo: a FIFO \(a log pipe whose reader is slow or gone would stop the daemon\)", "2:1"),
+    ("an audit_log that is a link to a FIFO", names_a_fifo('[http]\naudit_log = "{fifo}.link"\n', link=True),
+     r"http.audit_log .*named.fifo.link: a FIFO", "2:1"),
     ("an audit_log that is a directory", text('[http]\naudit_log = "/"\n'),
      "http.audit_log /: a directory; name the log file itself", "2:1"),
 ]
@@ -272,3 +277,33 @@ def test_the_audit_log_opens_a_file_or_a_device_and_never_waits_on_a_fifo(tmp_pa
     assert new.read_text() == "one\ntwo\n"
     with open_log_file("/dev/null") as stream:
         stream.write("gone\n")
+
+
+def test_in_a_folder_anyone_may_write_the_audit_log_is_never_a_planted_link_or_file(tmp_path: Path) -> None:
+    """/tmp-like folder (sticky, world-writable), with the kernel's protected_symlinks possibly off:
+    a link another user planted at the log's name is not followed (as root it could lead the log into
+    any file), and a file of theirs is not appended to (they could read the log). The daemon's own
+    file there is used."""
+    from runtime.audit import AuditLogError, open_log_file
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link = shared / "audit.log"
+    link.symlink_to(victim)
+    with pytest.raises(AuditLogError, match="links are not followed there"):
+        open_log_file(str(link))
+    assert victim.read_text() == "precious\n"
+    link.unlink()
+    planted = shared / "audit.log"
+    planted.write_text("")
+    if os.geteuid() == 0:  # only root can give a file away
+        os.chown(planted, 12345, 12345)
+        with pytest.raises(AuditLogError, match="belongs to uid 12345"):
+            open_log_file(str(planted))
+        planted.unlink()
+    with open_log_file(str(shared / "audit.log")) as stream:
+        stream.write("ours\n")
+    assert (shared / "audit.log").read_text().endswith("ours\n")
