@@ -181,3 +181,19 @@ def test_a_stdio_server_flooding_requests_without_reading_its_stdin_does_not_gro
     (seg,) = report["segments"]
     assert seg["server_requests"] > 200_000, seg
     assert max_rss_kib < 150 * 1024
+
+
+def test_http_servers_that_trickle_or_send_endless_headers_are_reported_broken_and_an_open_sse_stream_answers(
+        tmp_path: Path) -> None:
+    proc, report, max_rss_kib = bench(tmp_path, http(tmp_path, "trickle", "trickle"),
+                                      http(tmp_path, "headers", "headers"), http(tmp_path, "sse-held", "sse-held"),
+                                      *QUICK)
+    # a byte every 5 ms restarted the socket's timeout at every recv: the handshake never ended
+    trickle = target(report, "trickle")
+    assert trickle["status"] == "broken" and "no answer in time" in trickle["problem"]
+    headers = target(report, "headers")
+    assert "response head over 1048576 bytes" in headers["problem"]
+    assert max_rss_kib < 200 * 1024
+    # the answer came; that the stream stays open after it is no timeout
+    (seg,) = [s for s in report["segments"] if s["target"] == "sse-held"]
+    assert seg["ok"] > 0 and "timeout" not in seg["errors"], seg
