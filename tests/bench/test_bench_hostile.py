@@ -183,6 +183,26 @@ def test_a_stdio_server_flooding_requests_without_reading_its_stdin_does_not_gro
     assert max_rss_kib < 150 * 1024
 
 
+def test_a_server_is_stopped_with_its_group_and_its_stderr_is_kept_short(tmp_path: Path) -> None:
+    pid_file = tmp_path / "orphan.pid"
+    # Under a 16 MiB file size limit: 200 MiB of stderr went to a temporary file, and the server died of SIGXFSZ.
+    proc, report, _ = bench(tmp_path, stdio(tmp_path, "orphan", "orphan", str(pid_file)),
+                            stdio(tmp_path, "noisy", "stderr"), *QUICK, fsize=16 << 20)
+    try:
+        orphan = psutil.Process(int(pid_file.read_text()))
+    except psutil.NoSuchProcess:
+        orphan = None
+    if orphan is not None:
+        _, alive = psutil.wait_procs([orphan], timeout=10)  # a bounded wait for it to be reaped, if it was killed
+        for left in alive:
+            left.kill()  # the grandchild our test server started, which the bench left behind
+        assert alive == []
+    noisy = target(report, "noisy")
+    assert noisy["status"] == "died", noisy
+    assert "exited with 3" in noisy["problem"] and "last words" in noisy["problem"]
+    assert resource.getrlimit(resource.RLIMIT_FSIZE)[0] != 16 << 20  # the limit was the bench's alone
+
+
 def test_http_servers_that_trickle_or_send_endless_headers_are_reported_broken_and_an_open_sse_stream_answers(
         tmp_path: Path) -> None:
     proc, report, max_rss_kib = bench(tmp_path, http(tmp_path, "trickle", "trickle"),
