@@ -38,7 +38,12 @@ from runtime.bench.stdio_client import TargetDown
 #: on every read (three syscalls a response, measured: 30 of the client's 50 µs per call were kernel time),
 #: CPU the load generator takes from the server it measures when both share a machine.
 READ_CHUNK = 64 * 1024
+#: A response body larger than this fails the request (the one in flight, or the handshake).
 MAX_BODY_BYTES = 64 << 20
+#: A response's status line and headers together: llhttp sets no limit of its own and httptools
+#: buffers a header until it ends, so a server sending headers without end grew the bench's memory
+#: without end (22 GB in a minute). Node.js allows 16 KiB; a real MCP server's head is far smaller.
+MAX_HEAD_BYTES = 1 << 20
 TIMEOUT_SCAN_NS = 50_000_000
 RETRY_AFTER_NS = 100_000_000
 
@@ -95,13 +100,14 @@ class Endpoint:
 class Response:
     """One HTTP response as httptools hands it over (the parser's protocol object)."""
 
-    __slots__ = ("answer", "answer_ns", "body", "body_bytes", "complete", "headers", "headers_done", "keep_alive",
-                 "parser", "sse", "sse_buf", "want_id")
+    __slots__ = ("answer", "answer_ns", "body", "body_bytes", "complete", "head_bytes", "headers", "headers_done",
+                 "keep_alive", "parser", "sse", "sse_buf", "want_id")
 
     def __init__(self, want_id: int) -> None:
         self.want_id = want_id
         self.headers: dict[bytes, bytes] = {}
         self.headers_done = False
+        self.head_bytes = 0
         self.body: list[bytes] = []
         self.body_bytes = 0
         self.complete = False
@@ -113,6 +119,11 @@ class Response:
         #: Asked of the parser while the message completes (afterwards llhttp has reset it).
         self.keep_alive = False
         self.parser: Any = None
+
+    @property
+    def answered(self) -> bool:
+        """Complete, or an SSE stream that carried the answer (a server may keep it open after)."""
+        return self.complete or (self.sse and self.answer is not None)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.lower()] = value
@@ -169,6 +180,17 @@ class Conn:
         self.parser: Any = None
         self.close_after = False
         self.retry_at = 0
+
+    def feed(self, chunk: bytes) -> None:
+        """Hand received bytes to the parser; raises ValueError past ``MAX_HEAD_BYTES`` of head
+        (and, from the body callback, past ``MAX_BODY_BYTES`` of body), or httptools' parse error."""
+        resp = self.response
+        assert resp is not None
+        if not resp.headers_done:
+            resp.head_bytes += len(chunk)
+            if resp.head_bytes > MAX_HEAD_BYTES:
+                raise ValueError(f"response head over {MAX_HEAD_BYTES} bytes")
+        self.parser.feed_data(chunk)
 
     def expect(self, request_id: int) -> None:
         self.request_id = request_id
@@ -252,15 +274,18 @@ class HttpTarget:
             sock.sendall(data)
             resp = conn.response
             assert resp is not None
-            while not resp.complete and not (resp.sse and resp.answer is not None):
-                sock.settimeout(max(0.01, deadline - time.monotonic()))
+            while not resp.answered:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:  # a server trickling bytes would otherwise reset every recv's timeout
+                    raise TimeoutError
+                sock.settimeout(remaining)
                 chunk = sock.recv(READ_CHUNK)
                 if not chunk:
                     if resp.headers_done and not resp.complete:
                         resp.on_message_complete()
                         break
                     raise TargetDown(self._why_down("the server closed the connection without an answer"))
-                conn.parser.feed_data(chunk)
+                conn.feed(chunk)
             return conn.parser.get_status_code(), resp.headers, resp.answer
         except (TimeoutError, socket.timeout):
             raise TimeoutError("no answer in time") from None
@@ -581,13 +606,15 @@ class HttpTarget:
                 fail(conn, now, "the server sent bytes nobody asked for")
                 return
             try:
-                conn.parser.feed_data(chunk)
+                conn.feed(chunk)
             except (httptools.HttpParserError, ValueError) as exc:
                 fail(conn, now, f"malformed HTTP response: {exc}", wire.INVALID)
                 return
             resp = conn.response
             assert resp is not None
-            if resp.complete:
+            if resp.answered:
+                # An SSE stream may stay open after its answer: the call is done, the connection is not reused.
+                conn.close_after = conn.close_after or not resp.complete
                 finished(conn, now)
                 return
             if not isinstance(conn.sock, ssl.SSLSocket):

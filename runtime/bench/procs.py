@@ -5,17 +5,22 @@ CPU of a tree over a window is the sum, over its live processes, of own user + s
 the time of the children each has reaped, after minus before: short-lived processes (a fork per
 call, a replaced worker) count once their parent waited for them. Only a descendant re-parented
 outside the tree escapes, which can only under-count.
+
+A server is started in a session (and process group) of its own, so that stopping it reaches
+what it left behind: a grandchild whose parent exited is no longer in its tree, but still in its
+group. Its stderr is read by a thread that keeps only the end (``STDERR_KEEP_BYTES``).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
-import tempfile
+import threading
+import time
 from collections.abc import Sequence
-from typing import IO
 
 import msgspec
 import psutil
@@ -147,20 +152,76 @@ def free_port() -> int:
         return port
 
 
+#: How much of the end of a server's stderr is kept (for the report's "its stderr ends: ...").
+#: It went to a temporary file, which a server writing stderr without end grew at 2 GB/s.
+STDERR_KEEP_BYTES = 64 * 1024
+#: How often the stderr reader looks whether it was told to stop.
+_STDERR_POLL_MS = 200
+
+
+class StderrTail:
+    """Drains a server's stderr pipe on a thread (a full pipe would stall the server) and keeps
+    its last ``STDERR_KEEP_BYTES``. The thread owns the pipe's read end and closes it when done:
+    at end of file, or once ``close`` was called and nothing is left to read."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._tail = bytearray()
+        self._lock = threading.Lock()
+        self._closing = False
+        self._thread = threading.Thread(target=self._drain, name="toolcell-bench-stderr", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        try:
+            while True:
+                if not poller.poll(_STDERR_POLL_MS):
+                    if self._closing:
+                        return
+                    continue
+                data = os.read(self._fd, 65536)
+                if not data:
+                    return
+                with self._lock:
+                    self._tail += data
+                    if len(self._tail) > 2 * STDERR_KEEP_BYTES:
+                        del self._tail[:-STDERR_KEEP_BYTES]
+                if self._closing:
+                    return
+        except OSError:
+            return
+        finally:
+            os.close(self._fd)
+
+    def text(self, max_bytes: int, settle_s: float = 0.0) -> str:
+        """The last ``max_bytes`` (at most ``STDERR_KEEP_BYTES``); waits up to ``settle_s`` for
+        the pipe's end of file first (the server has exited: what it wrote last is still coming)."""
+        if settle_s:
+            self._thread.join(settle_s)
+        with self._lock:
+            return bytes(self._tail[-max_bytes:]).decode(errors="replace")
+
+    def close(self) -> None:
+        """Stop reading (the thread ends within ``_STDERR_POLL_MS``, or at once at end of file)."""
+        self._closing = True
+        self._thread.join(2 * _STDERR_POLL_MS / 1000)
+
+
 class Server:
-    """A server process we started: stderr goes to a temporary file (a full stderr pipe would
-    stall the server), and ``stop`` escalates and sweeps the whole tree."""
+    """A server process we started, in a session of its own: stderr is drained by a
+    ``StderrTail``, and ``stop`` escalates and kills what is left of its group and tree."""
 
     def __init__(self, argv: Sequence[str], cwd: str | None, stdio: bool, env: dict[str, str] | None = None) -> None:
         self.argv = list(argv)
-        self._stderr: IO[bytes] = tempfile.TemporaryFile(prefix="toolcell-bench-stderr-")
         pipe = subprocess.PIPE if stdio else subprocess.DEVNULL
-        try:
-            self.proc = subprocess.Popen(self.argv, stdin=pipe, stdout=pipe, stderr=self._stderr, cwd=cwd, env=env,
-                                         bufsize=0)
-        except OSError:
-            self._stderr.close()
-            raise
+        self.proc = subprocess.Popen(self.argv, stdin=pipe, stdout=pipe, stderr=subprocess.PIPE, cwd=cwd, env=env,
+                                     bufsize=0, start_new_session=True)
+        assert self.proc.stderr is not None
+        # The thread owns the pipe's read end from here (the file object would close it again).
+        self._stderr = StderrTail(os.dup(self.proc.stderr.fileno()))
+        self.proc.stderr.close()
 
     @property
     def pid(self) -> int:
@@ -172,25 +233,36 @@ class Server:
         return self.proc.poll()
 
     def stderr_tail(self, max_bytes: int = 2000) -> str:
-        """The end of what it wrote to stderr."""
-        try:
-            self._stderr.seek(0, os.SEEK_END)
-            size = self._stderr.tell()
-            self._stderr.seek(max(0, size - max_bytes))
-            return self._stderr.read().decode(errors="replace")
-        except (OSError, ValueError):
-            return ""
+        """The end of what it wrote to stderr (up to ``STDERR_KEEP_BYTES``)."""
+        return self._stderr.text(max_bytes, settle_s=0.5 if self.proc.returncode is not None else 0.0)
 
-    def stderr_text(self, max_bytes: int = 65536) -> str:
-        """The start of what it wrote to stderr."""
+    def _exits_within(self, timeout_s: float) -> bool:
+        """Whether the server has exited within ``timeout_s``, leaving it unreaped (a zombie keeps
+        its pid, which is its group's id, from being reused while we signal that group)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                    return True
+            except ChildProcessError:  # reaped already (by ``exited``)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    def _signal_group(self, sig: int) -> None:
+        # The group is the one Popen made (start_new_session): its id is the server's pid, which
+        # stays taken while the server is an unreaped zombie or any member of the group lives. Only
+        # when the server was reaped before ``stop`` and its whole group is gone could the number
+        # name another group, and then only after the kernel's pid counter came round again.
         try:
-            self._stderr.seek(0)
-            return self._stderr.read(max_bytes).decode(errors="replace")
-        except (OSError, ValueError):
-            return ""
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def stop(self, grace_s: float = 5.0) -> int | None:
-        """Close its stdin, wait, SIGTERM, wait, SIGKILL; then kill what is left of its tree."""
+        """Close its stdin, wait, SIGTERM its group, wait, SIGKILL it; then kill what is left of
+        its group (orphans of the server) and of its tree (those that made groups of their own)."""
         try:
             descendants = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.Error:
@@ -201,16 +273,15 @@ class Server:
                     stream.close()
                 except OSError:
                     pass
-        try:
-            self.proc.wait(grace_s if self.proc.stdin is not None else 0.01)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        _, alive = psutil.wait_procs(descendants, timeout=1.0)
+        exited = self._exits_within(grace_s if self.proc.stdin is not None else 0.01)
+        if not exited:
+            self._signal_group(signal.SIGTERM)
+            exited = self._exits_within(grace_s)
+        alive = descendants
+        if exited:  # its children may still be finishing
+            _, alive = psutil.wait_procs(descendants, timeout=1.0)
+        self._signal_group(signal.SIGKILL)
+        self.proc.wait()
         for child in alive:
             try:
                 child.kill()

@@ -2,7 +2,7 @@
 
 Requests are pipelined on the one pipe (distinct integer ids, many in flight): every refill goes
 out in one ``write``, responses are read in 1 MiB chunks and a chunk's complete lines decoded in
-one msgspec call (``wire.decode_lines``). A line longer than ``max_line_bytes`` ends the target
+one msgspec call (``wire.decode_lines``). A line longer than ``MAX_LINE_BYTES`` ends the target
 (a server that never sends a newline would otherwise grow the buffer without end). The loop is
 one thread around ``epoll``; its CPU time is reported beside the results so a saturated client
 shows.
@@ -10,6 +10,7 @@ shows.
 
 from __future__ import annotations
 
+import collections
 import os
 import select
 import time
@@ -24,8 +25,48 @@ from runtime.bench.scenario import CompiledCall
 #: One ``read`` of the server's stdout: a pipe holds 64 KiB, and a buffer above glibc's mmap threshold
 #: (128 KiB) would be mapped and unmapped on every read (see ``http_client.READ_CHUNK``).
 READ_CHUNK = 64 * 1024
+#: One message from the server; past it the target is down. A partial line is held as the chunks
+#: it came in and joined once, when its newline comes: appending each chunk to one bytes object
+#: copied the whole line every read (a server sending no newline took 31 s to reach the limit).
 MAX_LINE_BYTES = 64 << 20
 MAX_REMEMBERED_TIMEOUTS = 100_000
+#: Bytes the server has not read from its stdin, past which its requests to us get no refusal: a
+#: server sending requests without reading our answers grew this without end (RSS +45 MB/s).
+#: Our own requests are bounded by the load shape and are always sent.
+MAX_UNSENT_BYTES = 16 << 20
+
+
+class LineSplitter:
+    """Bytes read from the server, cut at newlines, holding at most ``MAX_LINE_BYTES`` of a
+    partial line (as the chunks it came in)."""
+
+    __slots__ = ("held", "held_bytes")
+
+    def __init__(self) -> None:
+        self.held: list[bytes] = []
+        self.held_bytes = 0
+
+    def feed(self, chunk: bytes) -> bytes | None:
+        """The complete lines ``chunk`` ends, newline-separated without the last newline; None when
+        it ends none. Raises TargetDown when the partial line grows past ``MAX_LINE_BYTES``."""
+        cut = chunk.rfind(b"\n")
+        if cut < 0:
+            self._hold(chunk)
+            return None
+        lines = chunk[:cut]
+        if self.held:
+            lines = b"".join([*self.held, lines])
+            self.held.clear()
+            self.held_bytes = 0
+        if cut + 1 < len(chunk):
+            self._hold(chunk[cut + 1:])
+        return lines
+
+    def _hold(self, piece: bytes) -> None:
+        self.held.append(piece)
+        self.held_bytes += len(piece)
+        if self.held_bytes > MAX_LINE_BYTES:
+            raise TargetDown(f"the server sent a line longer than {MAX_LINE_BYTES} bytes")
 
 
 class TargetDown(Exception):
@@ -43,8 +84,11 @@ class StdioConnection:
         self.read_fd = proc.stdout.fileno()
         os.set_blocking(self.write_fd, False)
         os.set_blocking(self.read_fd, False)
-        self.buf = b""
+        self.lines = LineSplitter()
+        #: Complete lines read by the slow path and not yet consumed.
+        self.ready: collections.deque[bytes] = collections.deque()
         self.out = b""
+        self.unsent = 0
         self.next_id = 1
         self.timed_out: set[int] = set()
         self.down: str | None = None
@@ -80,9 +124,7 @@ class StdioConnection:
             raise TimeoutError("no answer in time")
 
     def _read_line(self, deadline: float) -> bytes:
-        while b"\n" not in self.buf:
-            if len(self.buf) > MAX_LINE_BYTES:
-                raise TargetDown(f"the server sent a line longer than {MAX_LINE_BYTES} bytes")
+        while not self.ready:
             self._wait(self.read_fd, select.POLLIN, deadline)
             try:
                 chunk = os.read(self.read_fd, READ_CHUNK)
@@ -90,25 +132,37 @@ class StdioConnection:
                 continue
             if not chunk:
                 raise TargetDown(self._why_down("the server closed its stdout"))
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
+            lines = self.lines.feed(chunk)
+            if lines is not None:
+                self.ready.extend(lines.split(b"\n"))
+        return self.ready.popleft()
 
     def roundtrip(self, data_for_id: Callable[[int], bytes], timeout_s: float) -> wire.Envelope | wire.Garbage:
         """Send one request (built for the id we give) and return its answer. Notifications are
-        skipped, server-to-client requests refused. Raises TimeoutError or TargetDown."""
+        skipped, server-to-client requests refused, lines that are not JSON-RPC skipped (the
+        timeout then says what they were); an answer to an id we never asked is returned as
+        Garbage, since only one request is out. Raises TimeoutError or TargetDown."""
         request_id = self.next_id
         self.next_id += 1
         deadline = time.monotonic() + timeout_s
         self._write_all(data_for_id(request_id) + b"\n", deadline)
+        skipped, first_skipped = 0, ""
         while True:
-            line = self._read_line(deadline)
+            try:
+                line = self._read_line(deadline)
+            except TimeoutError:
+                why = f"no answer in {timeout_s:g} s"
+                if skipped:
+                    why += f"; it sent {skipped} other line(s), the first: {first_skipped}"
+                raise TimeoutError(why) from None
             if not line.strip():
                 continue
             msg = wire.decode_one(line)
             if isinstance(msg, wire.Garbage):
                 if msg.id == request_id:
                     return msg
+                skipped += 1
+                first_skipped = first_skipped or msg.reason[:200]
                 continue
             if msg.method is not None:
                 if msg.id is not None:
@@ -116,6 +170,8 @@ class StdioConnection:
                 continue
             if type(msg.id) is int and msg.id == request_id:
                 return msg
+            return wire.Garbage(f"an answer to id {repr(msg.id)[:60]}, which was never asked (the request was id "
+                                f"{request_id})")
 
     def notify(self, method: str) -> None:
         """Send a notification."""
@@ -143,6 +199,10 @@ class StdioConnection:
         complete = loop.complete
         out: list[bytes] = [self.out] if self.out else []
         self.out = b""
+        if self.ready:  # read after the answer the slow path wanted: nothing asked them
+            for msg in wire.decode_lines(b"\n".join(self.ready)):
+                self._stray(loop, msg, out)
+            self.ready.clear()
         loop.begin(clock())
         try:
             while True:
@@ -181,15 +241,18 @@ class StdioConnection:
                         raise TargetDown(self._why_down("the server closed its stdin")) from None
                     if written < len(data):
                         out.append(data[written:])
+                    self.unsent = len(data) - written
                     if bool(out) != writing:
                         writing = bool(out)
                         if writing:
                             ep.register(self.write_fd, select.EPOLLOUT)
                         else:
                             ep.unregister(self.write_fd)
-                elif writing:
-                    writing = False
-                    ep.unregister(self.write_fd)
+                else:
+                    self.unsent = 0
+                    if writing:
+                        writing = False
+                        ep.unregister(self.write_fd)
                 # Deadlines: pending is in send order (and every deadline is send + timeout), so
                 # the expired ones are a prefix.
                 if pending and next(iter(pending.values())).deadline <= now:
@@ -217,16 +280,11 @@ class StdioConnection:
                     continue
                 if not chunk:
                     raise TargetDown(self._why_down("the server closed its stdout"))
-                buf = self.buf + chunk if self.buf else chunk
-                cut = buf.rfind(b"\n")
-                if cut < 0:
-                    if len(buf) > MAX_LINE_BYTES:
-                        raise TargetDown(f"the server sent a line longer than {MAX_LINE_BYTES} bytes")
-                    self.buf = buf
+                lines = self.lines.feed(chunk)
+                if lines is None:
                     continue
-                self.buf = buf[cut + 1:]
                 now = clock()
-                for msg in wire.decode_lines(buf[:cut]):
+                for msg in wire.decode_lines(lines):
                     rid = msg.id
                     found = pending.pop(rid, None) if type(rid) is int else None
                     if found is None:
@@ -288,7 +346,10 @@ class StdioConnection:
         if msg.method is not None:
             if msg.id is not None:
                 loop.stats.server_requests += 1
-                out.append(wire.refusal(msg.id) + b"\n")
+                if self.unsent <= MAX_UNSENT_BYTES:
+                    refusal = wire.refusal(msg.id) + b"\n"
+                    out.append(refusal)
+                    self.unsent += len(refusal)
             return
         if type(msg.id) is int and msg.id in self.timed_out:
             self.timed_out.discard(msg.id)

@@ -262,7 +262,7 @@ class Live:
             reply = conn.open_session(max(60.0, self.timeout_s))
         if isinstance(reply, wire.Garbage) or reply.error is not None or not len(reply.result):
             why = reply.reason if isinstance(reply, wire.Garbage) else (
-                f"{reply.error.code}: {reply.error.message}" if reply.error else "no result")
+                f"{reply.error.code}: {reply.error.message[:200]}" if reply.error else "no result")
             raise TargetDown(f"initialize failed: {why}")
         try:
             result = wire.decode_value(reply.result)
