@@ -37,6 +37,7 @@ from runtime.bench.load import ListWalk, Op
 from runtime.bench.procs import Server, free_port
 from runtime.bench.scenario import CompiledCall
 from runtime.bench.stdio_client import StdioConnection, TargetDown
+from runtime.protocol.schemas import check_param_headers
 
 _NAMED = re.compile(r"^([A-Za-z][\w.+-]*)=(.+)$", re.DOTALL)
 _KINDS = ("stdio:", "http:", "https:", "toolcell:", "toolcell+http:", "trivial")
@@ -319,8 +320,16 @@ class Live:
             seen.add(cursor)
         self.checks.append(CheckResult("tools/list", True, f"{len(self.tools)} tools in {pages} page(s)"))
         if isinstance(self.conn, HttpTarget):
-            self.conn.param_headers = {name: headers for name, schema in self.tools.items()
-                                       if (headers := _param_headers(schema))}
+            self.conn.param_headers = {}
+            for name, schema in list(self.tools.items()):
+                headers, problem = _param_headers(schema)
+                if problem is not None:
+                    # The spec: clients MUST drop a tool whose x-mcp-header annotations break its rules
+                    # (a header name from the server goes into our request: no CR/LF, a token).
+                    del self.tools[name]
+                    self.checks.append(CheckResult("tools/list", False, f"{name[:100]!r} dropped: {problem[:300]}"))
+                elif headers:
+                    self.conn.param_headers[name] = headers
         for op, label in zip(ops, labels, strict=False):
             if isinstance(op, ListWalk):
                 continue
@@ -383,12 +392,22 @@ class Live:
         return self.server.pid if self.server is not None else None
 
 
-def _param_headers(schema: dict[str, Any]) -> dict[str, str]:
-    props = schema.get("properties") if isinstance(schema, dict) else None
-    if not isinstance(props, dict):
-        return {}
-    return {name: str(p["x-mcp-header"]) for name, p in props.items()
-            if isinstance(p, dict) and isinstance(p.get("x-mcp-header"), str)}
+def _param_headers(schema: dict[str, Any]) -> tuple[dict[str, str], str | None]:
+    """A tool's ``Mcp-Param-*`` headers (argument name -> header name), checked by the rules the
+    daemon holds its own plugins to (``schemas.check_param_headers``); else the first problem."""
+    if not isinstance(schema, dict):
+        return {}, None
+    problems: list[str] = []
+    try:
+        headers = check_param_headers(schema, "inputSchema", problems)
+    except RecursionError:
+        return {}, "inputSchema: nested too deeply to check its x-mcp-header annotations"
+    if problems:
+        return {}, problems[0]
+    if not headers:
+        return {}, None
+    props = schema["properties"]
+    return {prop: str(props[prop]["x-mcp-header"]) for prop, _kind in headers.values()}, None
 
 
 def workdir() -> str:

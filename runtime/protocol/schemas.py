@@ -436,8 +436,9 @@ def compile_schema(schema: Any, where: str, problems: list[str]) -> Any | None:
         return None
 
 
-def _check_headers(schema: dict[str, Any], where: str, problems: list[str]) -> dict[str, tuple[str, str]]:
-    """Enforce the x-mcp-header rules; return the header map."""
+def check_param_headers(schema: dict[str, Any], where: str, problems: list[str]) -> dict[str, tuple[str, str]]:
+    """Enforce the x-mcp-header rules (each problem appended to ``problems``); return the header map,
+    lowercased header name -> (property, JSON type). Also the bench's check of a server's schemas."""
     headers: dict[str, tuple[str, str]] = {}
     props = schema.get("properties")
     if isinstance(props, dict):
@@ -520,7 +521,7 @@ def check_tool(spec: ToolSpec, public_name: str) -> tuple[CheckedTool | None, li
     if isinstance(schema, dict):
         if schema.get("type") != "object":
             problems.append(f"{where} inputSchema: the root must have \"type\": \"object\"")
-        headers = _check_headers(schema, f"{where} inputSchema", problems)
+        headers = check_param_headers(schema, f"{where} inputSchema", problems)
     output_validator = None
     if spec.output_schema is not None:
         output_validator = compile_schema(spec.output_schema, f"{where} outputSchema", problems)

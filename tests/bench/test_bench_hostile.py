@@ -78,7 +78,7 @@ for line in sys.stdin.buffer:
 # A Streamable HTTP MCP server on raw sockets that behaves until its MODE says otherwise.
 HTTP_SERVER = r'''
 import json, socketserver, sys, time
-mode, port = sys.argv[1], int(sys.argv[2])
+mode, port = sys.argv[1], int(sys.argv[2])  # argv[3]: where a request head with an injected line goes
 RESULTS = {
     "initialize": {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "h", "version": "1"}},
     "tools/list": {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]},
@@ -98,7 +98,13 @@ class Handler(socketserver.StreamRequestHandler):
             w = self.wfile
             if "id" not in msg:
                 w.write(b"HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n"); continue
-            body = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": RESULTS[msg["method"]]}).encode()
+            if b"injected:" in head.lower():  # a header line of ours made from the server's schema
+                open(sys.argv[3], "ab").write(head)
+            result = RESULTS[msg["method"]]
+            if msg["method"] == "tools/list" and mode == "inject":  # a header name with a line break in it
+                header = {"type": "string", "x-mcp-header": "Text\r\nInjected: yes"}
+                result = {"tools": [{"name": "echo", "inputSchema": {"type": "object", "properties": {"text": header}}}]}
+            body = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}).encode()
             if msg["method"] == "tools/list" and mode == "trickle":  # a byte at a time, never the whole body
                 w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n")
                 while True:
@@ -156,7 +162,7 @@ def stdio(tmp_path: Path, name: str, *args: str) -> str:
 def http(tmp_path: Path, name: str, mode: str) -> str:
     script = tmp_path / "http_server.py"
     script.write_text(HTTP_SERVER)
-    return f"{name}=http:{sys.executable} {script} {mode} {{port}}"
+    return f"{name}=http:{sys.executable} {script} {mode} {{port}} {tmp_path / 'injected.txt'}"
 
 
 def test_a_line_is_cut_from_its_chunks_and_one_without_end_is_refused() -> None:
@@ -241,3 +247,14 @@ def test_http_servers_that_trickle_or_send_endless_headers_are_reported_broken_a
     # the answer came; that the stream stays open after it is no timeout
     (seg,) = [s for s in report["segments"] if s["target"] == "sse-held"]
     assert seg["ok"] > 0 and "timeout" not in seg["errors"], seg
+
+
+def test_a_tool_whose_header_annotation_would_inject_a_header_line_is_dropped(tmp_path: Path) -> None:
+    # x-mcp-header names the header a 2026-07-28 client mirrors an argument into; the name came from the
+    # server's schema into our request unchecked. The spec: clients MUST drop a tool that breaks its rules.
+    proc, report, _ = bench(tmp_path, http(tmp_path, "inject", "inject"), "--tool", "echo", "--args",
+                            '{"text": "hi"}', *QUICK[2:])
+    assert not (tmp_path / "injected.txt").exists()
+    checks = " | ".join(f"{c.get('name')}: {c.get('detail')}" for c in target(report, "inject").get("checks", []))
+    assert "'echo' dropped: inputSchema.properties.text: x-mcp-header must be a non-empty RFC 9110 token" in checks, \
+        checks or report
