@@ -39,6 +39,12 @@ from runtime.bench.scenario import CompiledCall
 from runtime.bench.stdio_client import StdioConnection, TargetDown
 from runtime.protocol.schemas import check_param_headers
 
+#: What a server's tools/list may add up to, every page together: the bench keeps each tool's input
+#: schema (for the Mcp-Param-* headers and the call checks). Past it the listing check fails.
+MAX_LISTING_BYTES = 64 << 20
+#: Pages of tools/list followed before the listing is called endless.
+MAX_LISTING_PAGES = 1000
+
 _NAMED = re.compile(r"^([A-Za-z][\w.+-]*)=(.+)$", re.DOTALL)
 _KINDS = ("stdio:", "http:", "https:", "toolcell:", "toolcell+http:", "trivial")
 _INTERPRETERS = {"python", "python3", "node", "npx", "uvx", "uv", "deno", "bun", "sh", "bash", "env", "exec"}
@@ -298,11 +304,18 @@ class Live:
         cursor: str | None = None
         seen: set[str] = set()
         pages = 0
+        listed_bytes = 0
         while True:
             reply = self._request("tools/list", {"cursor": cursor} if cursor else ({} if self.modern else None))
             pages += 1
             if isinstance(reply, wire.Garbage):
                 self.checks.append(CheckResult("tools/list", False, reply.reason))
+                return
+            listed_bytes += len(reply.result)
+            if listed_bytes > MAX_LISTING_BYTES:
+                self.tools.clear()
+                self.checks.append(CheckResult("tools/list", False, f"the listing is over {MAX_LISTING_BYTES} bytes "
+                                                                    f"after {pages} page(s)"))
                 return
             kind, detail, page = wire.check_list_page(reply)
             if page is None:
@@ -314,7 +327,7 @@ class Live:
             cursor = page.nextCursor
             if not cursor:
                 break
-            if cursor in seen or pages >= 1000:
+            if cursor in seen or pages >= MAX_LISTING_PAGES:
                 self.checks.append(CheckResult("tools/list", False, "pagination does not end"))
                 return
             seen.add(cursor)

@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("hdrh")
 
 from runtime.bench import wire  # noqa: E402
+from runtime.bench.targets import MAX_LISTING_BYTES  # noqa: E402
 from runtime.bench.stdio_client import (  # noqa: E402
     MAX_LINE_BYTES,
     MAX_UNSENT_BYTES,
@@ -63,6 +64,12 @@ for line in sys.stdin.buffer:
         send({"jsonrpc": "2.0", "id": 999, "result": RESULTS[method]}); continue
     if method == "initialize" and mode == "huge-error":
         send({"jsonrpc": "2.0", "id": rid, "error": {"code": -1, "message": "no" * 500_000}}); continue
+    if method == "tools/list" and mode == "biglist":  # 20 pages of ~10 MB of tools (the bench keeps every schema)
+        page = int((msg.get("params") or {}).get("cursor") or 0)
+        schema = {"type": "object", "description": "d" * 10_000}
+        tools = [{"name": f"t{page}_{i}", "inputSchema": schema} for i in range(1000)]
+        result = {"tools": tools, **({"nextCursor": str(page + 1)} if page < 19 else {})}
+        send({"jsonrpc": "2.0", "id": rid, "result": result}); continue
     if method == "tools/call":
         calls += 1
         if mode == "stderr" and calls > 1:
@@ -211,6 +218,12 @@ def test_past_the_unsent_cap_a_servers_request_is_counted_and_gets_no_refusal() 
     conn.unsent = MAX_UNSENT_BYTES + 1
     conn._stray(loop, request, out)  # type: ignore[arg-type]
     assert len(out) == 1 and loop.stats.server_requests == 2
+
+
+def test_a_listing_past_its_cap_fails_the_check_instead_of_being_kept_whole(tmp_path: Path) -> None:
+    proc, report, _ = bench(tmp_path, stdio(tmp_path, "biglist", "biglist"), *QUICK)
+    big = target(report, "biglist")
+    assert f"the listing is over {MAX_LISTING_BYTES} bytes after 7 page(s)" in big["problem"], big
 
 
 def test_a_server_is_stopped_with_its_group_and_its_stderr_is_kept_short(tmp_path: Path) -> None:
