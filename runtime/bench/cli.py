@@ -9,9 +9,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 EXTRA_HINT = "toolcell bench needs the bench extra: pip install 'toolcell[bench]'"
 
@@ -171,6 +175,34 @@ def _compare(argv: Sequence[str]) -> int:
     return 1 if crossed or any(c.regressions for c in changes) else 0
 
 
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived during the run (``timeout``, a CI job's end, a closed terminal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into ``_Stopped`` while the run lasts, so that it ends the way Ctrl-C
+    does: through the runner's cleanup, which stops the servers the bench started. Their default
+    action ended the bench at once, and its servers (each in a session of its own) ran on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals are delivered to the main thread only
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise _Stopped(signum)
+
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``toolcell bench``."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -239,10 +271,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         events = Display()
     try:
-        result = runner.run(plan, events)
+        with _stopped_by_signals():
+            result = runner.run(plan, events)
     except KeyboardInterrupt:
         print("\ntoolcell bench: interrupted", file=sys.stderr)
         return 130
+    except _Stopped as stopped:
+        print(f"\ntoolcell bench: stopped by {signal.Signals(stopped.signum).name}", file=sys.stderr)
+        return 128 + stopped.signum
     crossed = gates.crossed(result, args.fail_if)
     if args.json == "-":
         sys.stdout.buffer.write(report.to_json(result) + b"\n")

@@ -271,3 +271,32 @@ def test_a_tool_whose_header_annotation_would_inject_a_header_line_is_dropped(tm
     checks = " | ".join(f"{c.get('name')}: {c.get('detail')}" for c in target(report, "inject").get("checks", []))
     assert "'echo' dropped: inputSchema.properties.text: x-mcp-header must be a non-empty RFC 9110 token" in checks, \
         checks or report
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_bench_stopped_by_sigterm_or_sighup_stops_the_servers_it_started(tmp_path: Path, sig: int) -> None:
+    # `timeout`, the end of a CI job, a closed terminal: their default action ended the bench at once, and
+    # the servers it had started, each in a session of its own, ran on.
+    argv = [sys.executable, "-m", "runtime.cli", "bench", http(tmp_path, "h", "good"), "--tool", "echo", "-c", "2",
+            "--duration", "60", "--warmup", "0", "--quiet", "--no-ceiling"]
+    with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as running:
+        me = psutil.Process(running.pid)
+        servers: list[psutil.Process] = []
+        for _ in range(300):  # the server is up once it has been started and the bench is calling it
+            servers = [p for p in me.children() if "http_server.py" in " ".join(p.cmdline())]
+            if servers and any(c.status == psutil.CONN_ESTABLISHED for c in servers[0].net_connections("tcp")):
+                break
+            psutil.wait_procs([me], timeout=0.1)
+        assert servers, "the bench never started its server"
+        running.send_signal(sig)
+        try:
+            _, stderr = running.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(running.pid, signal.SIGKILL)
+            raise
+    _, alive = psutil.wait_procs(servers, timeout=10)
+    for left in alive:
+        left.kill()  # the server our bench started and left behind
+    assert alive == [], "the bench left its server running"
+    assert running.returncode == 128 + sig and f"stopped by {signal.Signals(sig).name}" in stderr, stderr[-2000:]
