@@ -112,7 +112,7 @@ class Response:
         self.body_bytes = 0
         self.complete = False
         self.sse = False
-        self.sse_buf = b""
+        self.sse_buf = bytearray()
         #: The message that answers ``want_id`` (from the body or an SSE event), and when it came.
         self.answer: wire.Envelope | wire.Garbage | None = None
         self.answer_ns = 0
@@ -139,12 +139,20 @@ class Response:
         if not self.sse:
             self.body.append(body)
             return
-        self.sse_buf += body.replace(b"\r\n", b"\n")
+        # One bytearray, searched only where it was not searched before: an event without end, re-copied
+        # and re-scanned from its start at every read, cost 60 s of CPU to reach MAX_BODY_BYTES.
+        buf = self.sse_buf
+        if buf.endswith(b"\r") and body.startswith(b"\n"):
+            del buf[-1]  # a CRLF cut between two reads
+        scanned = max(0, len(buf) - 1)  # a blank line may straddle two reads
+        buf += body.replace(b"\r\n", b"\n")
         while self.answer is None:
-            end = self.sse_buf.find(b"\n\n")
+            end = buf.find(b"\n\n", scanned)
             if end < 0:
                 break
-            event, self.sse_buf = self.sse_buf[:end], self.sse_buf[end + 2:]
+            event = bytes(buf[:end])
+            del buf[:end + 2]
+            scanned = 0
             data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
             if not data:
                 continue

@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("hdrh")
 
 from runtime.bench import wire  # noqa: E402
+from runtime.bench.http_client import Response  # noqa: E402
 from runtime.bench.targets import MAX_LISTING_BYTES  # noqa: E402
 from runtime.bench.stdio_client import (  # noqa: E402
     MAX_LINE_BYTES,
@@ -300,3 +301,18 @@ def test_a_bench_stopped_by_sigterm_or_sighup_stops_the_servers_it_started(tmp_p
         left.kill()  # the server our bench started and left behind
     assert alive == [], "the bench left its server running"
     assert running.returncode == 128 + sig and f"stopped by {signal.Signals(sig).name}" in stderr, stderr[-2000:]
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"])
+def test_an_sse_answer_is_found_however_the_reads_cut_it(newline: bytes) -> None:
+    # The stream is searched only where it was not searched before (an event without end was re-copied and
+    # re-scanned at every read: 60 s of CPU to reach the body cap); a cut anywhere, a CRLF's middle too, is found.
+    answer = b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
+    stream = newline.join([b": keep-alive", b"", b"event: message", b"data: " + answer, b"", b""])
+    for cut in range(1, len(stream)):
+        response = Response(7)
+        response.on_header(b"content-type", b"text/event-stream")
+        response.on_headers_complete()
+        response.on_body(stream[:cut])
+        response.on_body(stream[cut:])
+        assert response.answer is not None and response.answer.id == 7, cut
