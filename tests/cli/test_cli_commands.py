@@ -402,6 +402,16 @@ def test_each_daemon_has_its_own_pidfile_and_reload_reaches_only_this_configurat
         everyone = toolcell("reload", "--config", str(config), "--all")
         assert everyone.returncode == 0, everyone.stderr
         assert all(f"daemon {d.pid}" in everyone.stdout for d in daemons), everyone.stdout
+        import socket
+
+        with socket.socket() as taken:  # an address in use names the daemons of this state dir: these two
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            busy = toolcell("serve", "--http", f"127.0.0.1:{taken.getsockname()[1]}", "--config", str(config),
+                            "--policy", "none", "--no-watch")
+        assert busy.returncode == 1
+        assert f"toolcell daemons of the state dir {state}: " in busy.stderr, busy.stderr
+        assert all(f"pid {d.pid} (" in busy.stderr for d in daemons), busy.stderr
         one = toolcell("reload", "--config", str(config), "--pid", str(daemons[1].pid))
         assert f"daemon {daemons[1].pid}" in one.stdout and f"daemon {daemons[0].pid}" not in one.stdout
         first = daemons[0]
