@@ -233,7 +233,13 @@ def test_calling_a_tool_of_a_held_plugin_says_it_is_held_and_how_to_approve_it(
     out = toolcell("call", "g_greet", '{"name": "x"}', *common)
     assert out.returncode == 2
     assert "plugin 'greeter' (its tools begin with 'g_') is held until approved" in out.stderr
-    assert "read" in out.stderr and f"toolcell approve greeter --plugins {plugins}" in out.stderr
+    assert "read" in out.stderr and f"toolcell approve greeter --plugins {plugins} --config {config}" in out.stderr
+    # the command it suggests, run as shown, is what lets the call through (it named no --config, so it
+    # approved in the default state dir and the plugin stayed held)
+    suggested = out.stderr.split("approve it with: toolcell ", 1)[1].splitlines()[0].split()
+    again = toolcell(*suggested, "--yes", "--policy", "none")
+    assert again.returncode == 0, again.stderr
+    assert toolcell("call", "g_greet", '{"name": "x"}', *common).returncode == 0
 
 
 def test_call_reports_invalid_arguments_naming_the_field(make_plugin: Callable[..., Path]) -> None:
