@@ -24,7 +24,7 @@ from runtime.protocol.core import ConnState, Reply, ToolCall
 
 async def _call(cfg: Config, name: str, arguments: Any, config_path: str | None = None) -> tuple[int, Any, list[str]]:
     """(exit code, the result or error, hints for an unknown tool; ``config_path``: the ``--config`` given)."""
-    async with open_daemon(cfg) as daemon:
+    async with open_daemon(cfg, replica=False) as daemon:
         state = ConnState()
         core = daemon.core
         core.receive(state, json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {

@@ -242,6 +242,21 @@ def test_calling_a_tool_of_a_held_plugin_says_it_is_held_and_how_to_approve_it(
     assert toolcell("call", "g_greet", '{"name": "x"}', *common).returncode == 0
 
 
+def test_a_call_is_no_replica_two_calls_with_other_plugins_warn_of_no_differing_catalog(tmp_path: Path) -> None:
+    """`toolcell call` shares the config's task store, but a one-shot call is not a daemon serving it:
+    it published its catalog, and the next call with other plugins (within orphan_after_s) warned
+    `catalog_differs` naming the first, long gone."""
+    config = tmp_path / "toolcell.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    first = toolcell("call", "math_evaluate", '{"expression": "1+1"}', "--plugins", str(REPO / "plugins" / "mathkit"),
+                     "--config", str(config), "--policy", "none")
+    assert first.returncode == 0, first.stderr
+    second = toolcell("call", "test_simple_text", "{}", "--plugins", str(CONFORMANCE), "--config", str(config),
+                      "--policy", "none")
+    assert second.returncode == 0, second.stderr
+    assert "catalog_differs" not in second.stderr, second.stderr
+
+
 def test_call_reports_invalid_arguments_naming_the_field(make_plugin: Callable[..., Path]) -> None:
     plugins = make_plugin("greeter", GOOD)
     out = toolcell("call", "greet", '{"name": 7}', "--plugins", str(plugins), "--policy", "none")
