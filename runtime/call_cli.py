@@ -22,9 +22,9 @@ from runtime.daemon import open_daemon
 from runtime.plugins import awaiting_approval
 from runtime.protocol.core import ConnState, Reply, ToolCall
 
-async def _call(cfg: Config, name: str, arguments: Any) -> tuple[int, Any, list[str]]:
-    """(exit code, the result or error, hints for an unknown tool)."""
-    async with open_daemon(cfg) as daemon:
+async def _call(cfg: Config, name: str, arguments: Any, config_path: str | None = None) -> tuple[int, Any, list[str]]:
+    """(exit code, the result or error, hints for an unknown tool; ``config_path``: the ``--config`` given)."""
+    async with open_daemon(cfg, replica=False) as daemon:
         state = ConnState()
         core = daemon.core
         core.receive(state, json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
@@ -46,17 +46,19 @@ async def _call(cfg: Config, name: str, arguments: Any) -> tuple[int, Any, list[
         if "error" in msg:
             unknown = str(msg["error"].get("message", "")).startswith("Unknown tool")
             hints = unknown_tool_hints(name, [e.name for e in daemon.catalog.entries], daemon.failed,
-                                       cfg.plugins) if unknown else []
+                                       cfg.plugins, config_path) if unknown else []
             return 2, msg["error"], hints
         return (1 if msg["result"].get("isError") else 0), msg["result"], []
 
 
-def unknown_tool_hints(name: str, known: list[str], refused: list[Any], plugin_dirs: list[str]) -> list[str]:
-    """What an unknown tool name may have meant: held plugins it may belong to, then close names."""
+def unknown_tool_hints(name: str, known: list[str], refused: list[Any], plugin_dirs: list[str],
+                       config_path: str | None = None) -> list[str]:
+    """What an unknown tool name may have meant: held plugins it may belong to, then close names. The
+    approve command it suggests names the config file too: its ``state_dir`` is where approvals live."""
     hints = []
     held = [p for p in refused if p.manifest is not None and awaiting_approval(p)]
     mine = [p for p in held if p.manifest.prefix and name.startswith(p.manifest.prefix)]
-    flags = "".join(f" --plugins {d}" for d in plugin_dirs)
+    flags = "".join(f" --plugins {d}" for d in plugin_dirs) + (f" --config {config_path}" if config_path else "")
     for p in mine or held:
         reason = (p.problems or p.reload_error or ["held"])[0]
         tools = f" (its tools begin with {p.manifest.prefix!r})" if p.manifest.prefix else ""
@@ -76,7 +78,7 @@ def run_call_command(cfg: Config, args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         print(f"toolcell call: arguments are not valid JSON: {exc}", file=sys.stderr)
         return 2
-    code, result, hints = trio.run(_call, cfg, args.name, arguments)
+    code, result, hints = trio.run(_call, cfg, args.name, arguments, args.config)
     print(json.dumps(result, indent=2, ensure_ascii=False))
     for hint in hints:
         print(f"toolcell call: {hint}", file=sys.stderr)

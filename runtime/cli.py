@@ -124,7 +124,7 @@ def _address_in_use_advice(cfg: Config) -> str:
              f"toolcell serve --http 127.0.0.1:{_free_port()} (or set http.listen in the config)."]
     daemons = running_daemons(cfg.state_dir)
     if daemons:
-        lines.append("  toolcell daemons of this user: " + "; ".join(f"pid {d.pid} ({d.serving})" for d in daemons)
+        lines.append(f"  toolcell daemons of the state dir {cfg.state_dir}: " + "; ".join(f"pid {d.pid} ({d.serving})" for d in daemons)
                      + " (kill -TERM PID stops one gracefully)")
     return "\n".join(lines)
 

@@ -345,7 +345,9 @@ async def _open_task_store(config: Config) -> TaskStore | None:
 
 
 @asynccontextmanager
-async def open_daemon(config: Config, describe_only: bool = False) -> AsyncIterator[Daemon]:
+async def open_daemon(config: Config, describe_only: bool = False, replica: bool = True) -> AsyncIterator[Daemon]:
+    """``replica=False`` (``toolcell call``): a one-shot process, not one of the daemons serving the
+    task store, so its catalog is neither published beside theirs nor compared with them."""
     secure_state_dir(config.state_dir)  # before anything in it is trusted: approvals, environments, pidfiles
     become_subreaper()
     sweep_stale_scratch(config.state_dir)
@@ -386,7 +388,8 @@ async def open_daemon(config: Config, describe_only: bool = False) -> AsyncItera
                 try:
                     if store is not None:
                         daemon.tasks = TaskManager(daemon.core, daemon.calls, store, config.tasks, nursery,
-                                                   catalog_fingerprint=lambda: daemon.catalog.fingerprint)
+                                                   catalog_fingerprint=(lambda: daemon.catalog.fingerprint)
+                                                   if replica else None)
                         await nursery.start(serve_upkeep, daemon.tasks)
                     with spares_installed(daemon.spares):
                         yield daemon

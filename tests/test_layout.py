@@ -171,6 +171,17 @@ def test_the_readme_layout_names_every_module_of_the_daemon_and_the_worker_side(
     assert not missing, f"README's Layout does not name: {missing}"
 
 
+def test_every_repository_path_the_readme_names_exists() -> None:
+    """A path in backticks (`runtime/...`, `benchmarks/...`) leads somewhere: `runtime/hosted.py` was
+    named long after the module moved to `runtime/execution/`."""
+    import re
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:runtime|sandbox|benchmarks|tests|deploy|plugins|\.ci)/[^`\s:]*)", readme))
+    assert named, "no path found: the pattern is wrong"
+    assert sorted(p for p in named if not (REPO / p.rstrip("/")).exists()) == []
+
+
 def _json_rpc_code_literals(path: Path) -> list[tuple[int, int]]:
     """(line, code) of every ``-32xxx`` / ``-31xxx`` number written in ``path``'s code (not in its
     strings or comments): a JSON-RPC error code chosen outside the error table."""

@@ -233,7 +233,28 @@ def test_calling_a_tool_of_a_held_plugin_says_it_is_held_and_how_to_approve_it(
     out = toolcell("call", "g_greet", '{"name": "x"}', *common)
     assert out.returncode == 2
     assert "plugin 'greeter' (its tools begin with 'g_') is held until approved" in out.stderr
-    assert "read" in out.stderr and f"toolcell approve greeter --plugins {plugins}" in out.stderr
+    assert "read" in out.stderr and f"toolcell approve greeter --plugins {plugins} --config {config}" in out.stderr
+    # the command it suggests, run as shown, is what lets the call through (it named no --config, so it
+    # approved in the default state dir and the plugin stayed held)
+    suggested = out.stderr.split("approve it with: toolcell ", 1)[1].splitlines()[0].split()
+    again = toolcell(*suggested, "--yes", "--policy", "none")
+    assert again.returncode == 0, again.stderr
+    assert toolcell("call", "g_greet", '{"name": "x"}', *common).returncode == 0
+
+
+def test_a_call_is_no_replica_two_calls_with_other_plugins_warn_of_no_differing_catalog(tmp_path: Path) -> None:
+    """`toolcell call` shares the config's task store, but a one-shot call is not a daemon serving it:
+    it published its catalog, and the next call with other plugins (within orphan_after_s) warned
+    `catalog_differs` naming the first, long gone."""
+    config = tmp_path / "toolcell.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    first = toolcell("call", "math_evaluate", '{"expression": "1+1"}', "--plugins", str(REPO / "plugins" / "mathkit"),
+                     "--config", str(config), "--policy", "none")
+    assert first.returncode == 0, first.stderr
+    second = toolcell("call", "test_simple_text", "{}", "--plugins", str(CONFORMANCE), "--config", str(config),
+                      "--policy", "none")
+    assert second.returncode == 0, second.stderr
+    assert "catalog_differs" not in second.stderr, second.stderr
 
 
 def test_call_reports_invalid_arguments_naming_the_field(make_plugin: Callable[..., Path]) -> None:
@@ -402,6 +423,16 @@ def test_each_daemon_has_its_own_pidfile_and_reload_reaches_only_this_configurat
         everyone = toolcell("reload", "--config", str(config), "--all")
         assert everyone.returncode == 0, everyone.stderr
         assert all(f"daemon {d.pid}" in everyone.stdout for d in daemons), everyone.stdout
+        import socket
+
+        with socket.socket() as taken:  # an address in use names the daemons of this state dir: these two
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            busy = toolcell("serve", "--http", f"127.0.0.1:{taken.getsockname()[1]}", "--config", str(config),
+                            "--policy", "none", "--no-watch")
+        assert busy.returncode == 1
+        assert f"toolcell daemons of the state dir {state}: " in busy.stderr, busy.stderr
+        assert all(f"pid {d.pid} (" in busy.stderr for d in daemons), busy.stderr
         one = toolcell("reload", "--config", str(config), "--pid", str(daemons[1].pid))
         assert f"daemon {daemons[1].pid}" in one.stdout and f"daemon {daemons[0].pid}" not in one.stdout
         first = daemons[0]

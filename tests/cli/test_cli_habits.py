@@ -100,3 +100,18 @@ def test_the_readme_command_table_names_every_command_and_only_real_ones() -> No
     table = readme.split("## Commands", 1)[1].strip().split("\n\n", 1)[0]
     named = set(re.findall(r"^\| `toolcell ([a-z-]+)", table, re.M))
     assert named == set(commands()), (named ^ set(commands()))
+
+
+def test_every_flag_of_a_command_is_named_in_its_readme_row_or_the_paragraph_under_the_table() -> None:
+    # serve's --log-level, add's --bin and tasks' --limit were in --help and in no README row
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table, after = readme.split("## Commands", 1)[1].strip().split("\n\n", 1)
+    paragraph = after.split("\n\n", 1)[0]
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    missing = []
+    for name, parser in sub.choices.items():  # type: ignore[attr-defined]
+        row = " ".join(line for line in table.splitlines() if re.match(rf"^\| `toolcell {name}[ `]", line))
+        flags = {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+        missing += [f"{name} {flag}" for flag in sorted(flags)
+                    if flag not in row and not (f"`{name}`" in paragraph and flag in paragraph)]
+    assert missing == []
