@@ -191,7 +191,7 @@ def _json_rpc_code_literals(path: Path) -> list[tuple[int, int]]:
     found = []
     tokens = [t for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
               if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)]
-    for before, tok in zip(tokens, tokens[1:]):
+    for before, tok in zip(tokens, tokens[1:], strict=False):
         if before.type == tokenize.OP and before.string == "-" and tok.type == tokenize.NUMBER:
             try:
                 value = int(tok.string.replace("_", ""), 0)
