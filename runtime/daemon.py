@@ -344,6 +344,22 @@ async def _open_task_store(config: Config) -> TaskStore | None:
         return None
 
 
+#: How long a daemon that stops waits for the store to forget its catalog (a store that is down
+#: must not hold the exit; the entry then goes once it is orphan_after_s old, as before).
+FORGET_CATALOG_S = 2.0
+
+
+async def _forget_catalog(store: TaskStore, owner: str) -> None:
+    """A clean exit takes this daemon's catalog out of the store at once: the daemons still serving
+    counted it as a replica with another catalog (``catalog_differs``) until it fell silent."""
+    with trio.move_on_after(FORGET_CATALOG_S):
+        try:
+            await store.forget_catalog(owner)
+        except Exception as exc:  # noqa: BLE001 (the store is down: the entry ages out instead)
+            log("task_store_failed", level="warning", error=f"{type(exc).__name__}: {str(exc)[:300]}",
+                note="this daemon's catalog stays listed until it is orphan_after_s old")
+
+
 @asynccontextmanager
 async def open_daemon(config: Config, describe_only: bool = False, replica: bool = True) -> AsyncIterator[Daemon]:
     """``replica=False`` (``toolcell call``): a one-shot process, not one of the daemons serving the
@@ -399,6 +415,8 @@ async def open_daemon(config: Config, describe_only: bool = False, replica: bool
                             upkeep.cancel()
                             if daemon.tasks is not None:
                                 await upkeep_stopped.wait()
+                                if replica:
+                                    await _forget_catalog(store, daemon.tasks.owner)
                             await store.aclose()
         finally:
             await daemon.aclose()

@@ -239,6 +239,11 @@ class TaskStore(Protocol):
         most ``MAX_CATALOG_FIELD_CHARS`` (longer ones are not a daemon's: skipped)."""
         ...
 
+    async def forget_catalog(self, owner: str) -> None:
+        """``owner`` stops serving (a clean exit): its fingerprint goes at once, so that the daemons
+        still serving do not count it as a replica with another catalog until it falls silent."""
+        ...
+
     async def inspect(self, task_id: str) -> TaskRecord | None:
         """Operator view (``toolcell tasks show``): the task whatever its principal, unless expired.
         Never reachable from a client request."""

@@ -534,6 +534,14 @@ class RedisTaskStore:
                                   [owner, f"{now_ms} {fingerprint}", stale_before, MAX_CATALOGS_COMPARED,
                                    MAX_CATALOG_FIELD_CHARS], then)
 
+    async def forget_catalog(self, owner: str) -> None:
+        key = f"{self._p}catalogs"
+
+        def forget(client: redis.Redis) -> None:
+            client.hdel(key, owner)
+
+        await self._call(forget)
+
     async def recover_orphans(self, owner_alive: OwnerVerdict | None, now_ms: int, reason: str) -> int:
         stale_before = now_ms - self.limits.orphan_after_ms
 

@@ -405,6 +405,12 @@ class SqliteTaskStore:
 
         return await self._run(compare, write=True)
 
+    async def forget_catalog(self, owner: str) -> None:
+        def forget(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM catalogs WHERE owner = ?", (owner,))
+
+        await self._run(forget, write=True)
+
     async def recover_orphans(self, owner_alive: OwnerVerdict | None, now_ms: int, reason: str) -> int:
         stale_before = now_ms - self.limits.orphan_after_ms
 

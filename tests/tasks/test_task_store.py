@@ -381,6 +381,11 @@ async def test_daemons_sharing_a_store_see_each_others_catalog_fingerprints_unti
     assert await daemon_a.compare_catalogs("host-a:1:aa", "f-two", t0 + 5_000) == {
         "host-a:1:aa": "f-two", "host-b:2:bb": "f-two"}
     assert await daemon_a.compare_catalogs("host-a:1:aa", "f-two", t0 + 11_001) == {"host-a:1:aa": "f-two"}
+    # A daemon that stops cleanly is forgotten at once, not once it falls silent.
+    assert await daemon_b.compare_catalogs("host-b:2:bb", "f-two", t0 + 12_000) == {
+        "host-a:1:aa": "f-two", "host-b:2:bb": "f-two"}
+    await daemon_b.forget_catalog("host-b:2:bb")
+    assert await daemon_a.compare_catalogs("host-a:1:aa", "f-two", t0 + 12_001) == {"host-a:1:aa": "f-two"}
 
 
 async def test_catalog_fingerprints_read_back_are_bounded_whoever_wrote_them(open_store: OpenStore) -> None:

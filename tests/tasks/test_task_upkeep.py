@@ -222,3 +222,31 @@ async def test_a_listen_on_task_ids_that_do_not_exist_is_not_polled_again(open_s
         reads.clear()
         await tasks._watch_remote()
         assert reads == [real.task_id]  # still working: still watched; the others never again
+
+
+async def test_a_daemon_that_stops_cleanly_takes_its_catalog_out_of_the_store(tmp_path: Path) -> None:
+    """Daemons sharing a store compare their catalogs (``catalog_differs``); one that stopped stayed
+    listed until it was ``orphan_after_s`` old, so the others warned about a replica already gone."""
+    from runtime import daemon as daemon_module
+    from runtime.config import load_config
+    from runtime.task_store_open import connect_task_store
+
+    (tmp_path / "plugins").mkdir()
+    cfg = load_config(None, {"plugins": [str(tmp_path / "plugins")], "policy": "none", "watch": False,
+                             "state_dir": str(tmp_path / "state"), "log_level": "error"})
+    try:
+        async with daemon_module.open_daemon(cfg) as daemon:
+            assert daemon.tasks is not None
+            owner = daemon.tasks.owner
+            assert owner in daemon.tasks.catalogs  # published at its first heartbeat
+    finally:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(36, 0, 0, 0, 0)  # open_daemon made us a subreaper: undo it
+        except (OSError, AttributeError):
+            pass
+    store = await connect_task_store(cfg.tasks.store, cfg.state_dir)
+    try:
+        seen = await store.compare_catalogs("probe:1:00", "f-probe", wall_clock_ms())
+    finally:
+        await store.aclose()
+    assert owner not in seen and seen == {"probe:1:00": "f-probe"}
