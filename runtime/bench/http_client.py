@@ -101,7 +101,7 @@ class Response:
     """One HTTP response as httptools hands it over (the parser's protocol object)."""
 
     __slots__ = ("answer", "answer_ns", "body", "body_bytes", "complete", "head_bytes", "headers", "headers_done",
-                 "keep_alive", "parser", "sse", "sse_buf", "want_id")
+                 "keep_alive", "parser", "sse", "sse_buf", "sse_first_garbage", "sse_garbage", "want_id")
 
     def __init__(self, want_id: int) -> None:
         self.want_id = want_id
@@ -113,6 +113,9 @@ class Response:
         self.complete = False
         self.sse = False
         self.sse_buf = bytearray()
+        #: SSE events whose data was not a JSON-RPC message: how many, and what the first one was.
+        self.sse_garbage = 0
+        self.sse_first_garbage = ""
         #: The message that answers ``want_id`` (from the body or an SSE event), and when it came.
         self.answer: wire.Envelope | wire.Garbage | None = None
         self.answer_ns = 0
@@ -161,6 +164,10 @@ class Response:
                                                                           and msg.method is not None):
                 self.answer = msg
                 self.answer_ns = time.monotonic_ns()
+            elif isinstance(msg, wire.Garbage):
+                # Said if the stream ends without the answer (notifications and requests are expected).
+                self.sse_garbage += 1
+                self.sse_first_garbage = self.sse_first_garbage or msg.reason[:200]
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -222,6 +229,8 @@ def classify(resp: Response, status: int, want_id: int, legacy_session: bool) ->
     if status == 200:
         if msg is None:
             what = "an SSE stream that ended without the response" if resp.sse else "an empty body"
+            if resp.sse_garbage:
+                what += f" ({resp.sse_garbage} event(s) that were not JSON-RPC, the first: {resp.sse_first_garbage})"
             return wire.INVALID, f"HTTP 200 with {what}", None
         if isinstance(msg, wire.Garbage):
             return wire.INVALID, msg.reason, None

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("hdrh")
 
 from runtime.bench import wire  # noqa: E402
-from runtime.bench.http_client import Response  # noqa: E402
+from runtime.bench.http_client import Response, classify  # noqa: E402
 from runtime.bench.targets import MAX_LISTING_BYTES  # noqa: E402
 from runtime.bench.stdio_client import (  # noqa: E402
     MAX_LINE_BYTES,
@@ -316,3 +316,15 @@ def test_an_sse_answer_is_found_however_the_reads_cut_it(newline: bytes) -> None
         response.on_body(stream[:cut])
         response.on_body(stream[cut:])
         assert response.answer is not None and response.answer.id == 7, cut
+
+
+def test_an_sse_stream_that_ends_without_the_answer_says_what_it_carried_instead() -> None:
+    response = Response(3)
+    response.on_header(b"content-type", b"text/event-stream")
+    response.on_headers_complete()
+    response.on_body(b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{}}\n\n'  # expected: not named
+                     b"data: <html>oops</html>\n\ndata: nor this\n\n")
+    response.on_message_complete()
+    kind, detail, _ = classify(response, 200, 3, legacy_session=False)
+    assert kind == wire.INVALID and detail is not None
+    assert "ended without the response (2 event(s) that were not JSON-RPC, the first: " in detail, detail
