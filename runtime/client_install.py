@@ -159,6 +159,13 @@ def _render(data: dict[str, Any]) -> str:
 def run_install(args: argparse.Namespace) -> int:
     client = CLIENTS[args.client]
     path = Path(args.file) if args.file else default_file(args.client, Path.home(), Path.cwd())
+    if path.is_symlink():
+        # The new file would replace the link (a dotfiles manager's link silently becoming a copy), and
+        # writing where it leads is not asked for: a `.mcp.json` comes with a cloned repository, and its
+        # link may lead anywhere. Named, the file it leads to is written as any other.
+        print(f"toolcell install: {path} is a link to {os.readlink(path)}: it is left as it is; to change the "
+              f"file it leads to, give it: --file {path.resolve()}", file=sys.stderr)
+        return 2
     try:
         old_text, data = _read(path, client)
         entry = entry_for(client, args)

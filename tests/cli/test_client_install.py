@@ -154,3 +154,22 @@ def test_a_token_written_into_a_file_others_can_read_makes_it_private(tmp_path: 
     backups = list((tmp_path / ".cursor").glob("mcp.json.*.bak"))
     assert len(backups) == 1 and (backups[0].stat().st_mode & 0o777) == 0o644
     assert json.loads(backups[0].read_text()) == {"mcpServers": {}}
+
+
+def test_a_client_file_that_is_a_link_is_left_as_it_is_and_the_file_it_leads_to_can_be_named(tmp_path: Path) -> None:
+    """A dotfiles manager keeps ``~/.cursor/mcp.json`` as a link into its repository; the new file replaced
+    the link with a copy. A ``.mcp.json`` in a cloned repository may be a link leading anywhere."""
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    real = dotfiles / "cursor-mcp.json"
+    real.write_text(json.dumps({"mcpServers": {"mine": {"command": "mine"}}}))
+    (tmp_path / ".cursor").mkdir()
+    link = tmp_path / ".cursor" / "mcp.json"
+    link.symlink_to(real)
+    out = toolcell("install", "cursor", home=tmp_path, cwd=tmp_path)
+    assert out.returncode == 2 and f"is a link to {real}" in out.stderr and f"--file {real}" in out.stderr, out.stderr
+    assert link.is_symlink() and json.loads(real.read_text()) == {"mcpServers": {"mine": {"command": "mine"}}}
+    assert sorted(p.name for p in (tmp_path / ".cursor").iterdir()) == ["mcp.json"]  # no backup, no temporary file
+    named = toolcell("install", "cursor", "--file", str(real), home=tmp_path, cwd=tmp_path)
+    assert named.returncode == 0, named.stderr
+    assert link.is_symlink() and set(json.loads(link.read_text())["mcpServers"]) == {"mine", "toolcell"}
