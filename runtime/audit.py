@@ -21,6 +21,8 @@ from typing import Any, TextIO
 
 import msgspec
 
+from runtime.logs import log
+
 _encoder = msgspec.json.Encoder()
 _LIMITS = {"timeout": "timeout_s", "output_cap": "max_output_bytes", "busy": "max_queue",
            "rate_limited": "rate"}
@@ -97,11 +99,57 @@ def problem_of_kind(where: str, mode: int) -> str:
     return f"{where}: not a regular file or a character device; give a regular file, or '-' for stderr"
 
 
+#: How often (at most, and only when a line is written) the log's name is looked at: a log rotated
+#: by renaming it (logrotate's default) is followed to the new file at that name within this.
+ROTATION_CHECK_S = 1.0
+
+
 class AuditLog:
+    """The log file, kept open; renamed or removed under the daemon (logrotate without
+    ``copytruncate``), it is opened again at its name, with the same checks, so the lines go where
+    the operator looks. Until then, and if it cannot be opened again, they go to the file still open:
+    none is lost."""
+
     def __init__(self, target: str) -> None:
+        self._target = target
         self._own = target != "-"
-        # Open for the daemon's lifetime; close() ends it.
         self._stream: TextIO = open_log_file(target) if self._own else sys.stderr
+        self._identity = self._identity_of(self._stream)
+        self._checked = time.monotonic()
+        self._reopen_problem: str | None = None
+
+    @staticmethod
+    def _identity_of(stream: TextIO) -> tuple[int, int]:
+        st = os.fstat(stream.fileno())
+        return st.st_dev, st.st_ino
+
+    def _follow_rotation(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < ROTATION_CHECK_S:
+            return
+        self._checked = now
+        try:
+            st = os.stat(self._target)
+            if (st.st_dev, st.st_ino) == self._identity:
+                return
+        except FileNotFoundError:
+            pass  # removed (or renamed, nothing made in its place yet): made again
+        except OSError:
+            return
+        try:
+            stream = open_log_file(self._target)
+        except AuditLogError as exc:
+            if str(exc) != self._reopen_problem:  # said once per problem, not at every line
+                self._reopen_problem = str(exc)
+                log("audit_log_reopen_failed", level="error", error=str(exc),
+                    note="the audit log was moved; its lines go on to the file still open")
+            return
+        self._reopen_problem = None
+        old, self._stream, self._identity = self._stream, stream, self._identity_of(stream)
+        try:
+            old.close()
+        except OSError:
+            pass
 
     def hook(self, event: dict[str, Any]) -> None:
         """A ``Daemon.call_hooks`` entry."""
@@ -118,6 +166,8 @@ class AuditLog:
         limit = _LIMITS.get(outcome)
         if limit is not None:
             record["limit"] = limit
+        if self._own:
+            self._follow_rotation()
         try:
             self._stream.write(_encoder.encode(record).decode() + "\n")
             if not self._own:

@@ -307,3 +307,36 @@ def test_in_a_folder_anyone_may_write_the_audit_log_is_never_a_planted_link_or_f
     with open_log_file(str(shared / "audit.log")) as stream:
         stream.write("ours\n")
     assert (shared / "audit.log").read_text().endswith("ours\n")
+
+
+def test_an_audit_log_rotated_by_renaming_is_followed_to_the_new_file_and_no_line_is_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """logrotate renames the log (its default, without ``copytruncate``): the daemon kept writing into
+    the renamed file for the rest of its life, and the file at the configured name stayed empty."""
+    import json
+
+    from runtime import audit
+
+    path = tmp_path / "audit.jsonl"
+    log = audit.AuditLog(str(path))
+    monkeypatch.setattr(audit, "ROTATION_CHECK_S", 0.0, raising=False)  # look at the name before every line
+    try:
+        log.write("alice", "t_one", "p", 2, "ok", 0.001)
+        path.rename(tmp_path / "audit.jsonl.1")  # nothing at the name until the daemon makes it
+        log.write("alice", "t_two", "p", 2, "ok", 0.001)
+        path.rename(tmp_path / "audit.jsonl.2")
+        path.touch(mode=0o600)  # `create` made the new file first
+        log.write("alice", "t_three", "p", 2, "ok", 0.001)
+        path.rename(tmp_path / "audit.jsonl.3")
+        path.mkdir()  # cannot be opened again: the lines go on to the file still open
+        log.write("alice", "t_four", "p", 2, "ok", 0.001)
+    finally:
+        log.close()
+
+    def tools(name: str) -> list[str]:
+        return [json.loads(line)["tool"] for line in (tmp_path / name).read_text().splitlines()]
+
+    assert tools("audit.jsonl.1") == ["t_one"]
+    assert tools("audit.jsonl.2") == ["t_two"]
+    assert tools("audit.jsonl.3") == ["t_three", "t_four"]
+    assert (tmp_path / "audit.jsonl.2").stat().st_mode & 0o777 == 0o600  # made by the daemon: its owner's only
