@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from runtime.http_config import HttpConfig, RateLimit
+from runtime.http_config import HttpConfig, RateLimit, Token
 from runtime.protocol.catalog import Catalog, ToolEntry
 
 
@@ -93,6 +93,21 @@ class Authenticator:
         self.oauth = oauth
         self.enabled = bool(self._by_hash) or oauth is not None
         self._matched: dict[bytes, Principal] = {}
+
+    def replace_tokens(self, tokens: list[Token]) -> str | None:
+        """Take a new set of static tokens (``SIGHUP``: a token revoked or added without a restart);
+        what was matched before is forgotten, so a removed token stops working at once. None when
+        done; otherwise why not, and the tokens in use stay: the daemon never goes from checking
+        tokens to letting anyone in, nor the other way while it serves."""
+        if not self.enabled:
+            return ("the daemon started without bearer tokens (it lets every client in); tokens added "
+                    "since take a restart")
+        by_hash = {tok.sha256: Principal(tok.principal, tuple(tok.scopes), tok.rate) for tok in tokens}
+        if not by_hash and self.oauth is None:
+            return "the configuration has no bearer token any more, which would let anyone in"
+        self._by_hash = by_hash
+        self._matched = {}
+        return None
 
     def authenticate(self, authorization: bytes | None) -> Principal | None:
         """The principal for a request's Authorization header, or None (reject with 401)."""

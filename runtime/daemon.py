@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,8 @@ class Daemon:
         self.spares: Spares | None = None
         #: Its configuration file and plugin set (``runtime.scope``), as ``toolcell serve`` names them.
         self.scope: Scope | None = None
+        #: Run after each ``SIGHUP`` reload (``runtime.reload``): the HTTP transport re-reads its tokens.
+        self.sighup_hooks: list[Callable[[], Awaitable[None]]] = []
         #: Where approvals are kept (``runtime.approvals``): read once per load or reload.
         self.approvals = book_for(config)
 

@@ -152,6 +152,12 @@ async def serve_sighup(daemon: Daemon) -> None:
         async for _ in signals:
             log("reload_requested", trigger="SIGHUP")
             await daemon.reload()
+            for hook in list(daemon.sighup_hooks):
+                try:
+                    await hook()
+                except Exception as exc:  # our bug: the reload is done, the daemon serves on
+                    log("internal_error", level="error", where="sighup hook",
+                        error=f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _anchor(path: str) -> str:

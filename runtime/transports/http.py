@@ -35,6 +35,7 @@ from runtime.auth import Authenticator, Principal
 from runtime.oauth import AuthUnavailable, OAuthVerifier, TokenRefused, TooManyNewTokens, client_secret, metadata_paths
 from runtime.calls import TraceOrigin
 from runtime.clock import clock_reader
+from runtime.config import ConfigError, load_config
 from runtime.daemon import Daemon
 from runtime.http_config import HttpConfig
 from runtime.logs import log
@@ -193,6 +194,24 @@ class HttpApp:
         self._quick: collections.deque[tuple[float, CallBox]] = collections.deque()
         self._quick_lot = trio.lowlevel.ParkingLot()
         self._quick_sweeper = False
+
+    async def reload_tokens(self) -> None:
+        """``SIGHUP``: the bearer tokens (``[[http.tokens]]``, ``http.tokens_file``) read again from the
+        configuration file the daemon was started with; a file that does not load keeps those in use.
+        Nothing else of the file is applied (that takes a restart)."""
+        path = self.daemon.scope.config if self.daemon.scope is not None else None
+        if path is None:
+            return  # no configuration file: no tokens to read again
+        try:
+            cfg = await trio.to_thread.run_sync(load_config, path, {})
+        except ConfigError as exc:
+            log("tokens_reload_failed", level="error", error=str(exc)[:2000], note="the tokens in use are kept")
+            return
+        why = self.auth.replace_tokens(cfg.http.tokens)
+        if why is not None:
+            log("tokens_reload_failed", level="error", error=why, note="the tokens in use are kept")
+            return
+        log("tokens_reloaded", tokens=len(cfg.http.tokens))
 
     # -- ASGI entry ----------------------------------------------------------------------------
 

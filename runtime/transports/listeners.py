@@ -137,6 +137,7 @@ async def serve_http(daemon: Daemon, cfg: HttpConfig, *, listen: tuple[str, int]
     bound = [a[0] for a in addresses if a is not None and a[0] not in ("0.0.0.0", "::", "")]
     app = HttpApp(daemon, cfg, bound_hosts=[f"[{h}]" if ":" in h else h for h in bound])
     app.audit = audit
+    daemon.sighup_hooks.append(app.reload_tokens)
     if on_app is not None:
         on_app(app)
     stop = shutdown if shutdown is not None else trio.Event()
