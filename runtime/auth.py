@@ -94,6 +94,10 @@ class Authenticator:
         self.enabled = bool(self._by_hash) or oauth is not None
         self._matched: dict[bytes, Principal] = {}
 
+    def static_principals(self) -> set[str]:
+        """The principals the configured tokens name (OAuth's are not among them)."""
+        return {p.name for p in self._by_hash.values()}
+
     def replace_tokens(self, tokens: list[Token]) -> str | None:
         """Take a new set of static tokens (``SIGHUP``: a token revoked or added without a restart);
         what was matched before is forgotten, so a removed token stops working at once. None when

@@ -207,11 +207,19 @@ class HttpApp:
         except ConfigError as exc:
             log("tokens_reload_failed", level="error", error=str(exc)[:2000], note="the tokens in use are kept")
             return
+        before = self.auth.static_principals()
         why = self.auth.replace_tokens(cfg.http.tokens)
         if why is not None:
             log("tokens_reload_failed", level="error", error=why, note="the tokens in use are kept")
             return
-        log("tokens_reloaded", tokens=len(cfg.http.tokens))
+        gone = before - self.auth.static_principals()
+        ended = 0
+        for stream in list(self.listens) + [s.stream for s in self.sessions.sessions.values() if s.stream is not None]:
+            if stream.principal in gone and not stream.closed:
+                # A principal no token names any more: what it opened ends (a request it sends is refused).
+                stream.close(self.core.subscription_end(stream.listen) if stream.listen is not None else None)
+                ended += 1
+        log("tokens_reloaded", tokens=len(cfg.http.tokens), principals_removed=sorted(gone)[:50], streams_ended=ended)
 
     # -- ASGI entry ----------------------------------------------------------------------------
 
@@ -633,7 +641,7 @@ class HttpApp:
         refusal = self._no_stream_for(principal.name)
         if refusal is not None:
             return await self._refuse(r, refusal, listen.id_bytes, [(b"retry-after", b"5")])
-        stream = PushStream(listen)
+        stream = PushStream(listen, principal=principal.name)
         self.listens.add(stream)
         # A listen is a stream, not a request in progress: it leaves the POST budget (``_post`` holds
         # it for the request) and counts against the stream budget instead.
@@ -910,7 +918,7 @@ class HttpApp:
             else self._no_stream_for(principal.name)
         if refusal is not None:
             return await self._refuse(r, refusal, None, [(b"retry-after", b"5")], modern=False)
-        stream = session.stream = PushStream(with_ids=True)
+        stream = session.stream = PushStream(with_ids=True, principal=session.principal.name)
         for event_id, data in session.missed(resume_from):
             stream.push_event(event_id, data)  # what the client missed while it was away
         self._stream_opened(principal.name)

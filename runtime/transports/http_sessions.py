@@ -108,10 +108,12 @@ class CallBox(Waker):
 
 
 class PushStream(Waker):
-    __slots__ = ("closed", "last", "listen", "overflow", "pending", "with_ids")
+    __slots__ = ("closed", "last", "listen", "overflow", "pending", "principal", "with_ids")
 
-    def __init__(self, listen: Listen | None = None, with_ids: bool = False) -> None:
+    def __init__(self, listen: Listen | None = None, with_ids: bool = False, principal: str = "") -> None:
         super().__init__()
+        #: Who opened it: its stream ends if that principal's token is revoked (``HttpApp.reload_tokens``).
+        self.principal = principal
         #: Messages to send; ``(event id, message)`` pairs when ``with_ids`` (a legacy GET stream).
         self.pending: deque[Any] = deque()
         self.with_ids = with_ids

@@ -5,6 +5,7 @@ the pid of the daemon this test started."""
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -32,6 +33,42 @@ def _status(server: ServerProcess, token: str) -> int:
     return _post(server, token).status_code
 
 
+def _open_get_stream(server: ServerProcess, token: str, session: str) -> socket.socket:
+    """A legacy session's GET stream, its response head read."""
+    host, port = server.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(f"GET /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+                 f"Accept: text/event-stream\r\nMcp-Session-Id: {session}\r\n"
+                 f"Mcp-Protocol-Version: 2025-06-18\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return sock
+
+
+def _ends(sock: socket.socket, within_s: float = 20.0) -> bool:
+    """Whether the stream ends (its last chunk, or the connection's end) within ``within_s`` (a bound
+    on the wait, whatever keep-alive comments the stream sends meanwhile)."""
+    seen = b""
+    deadline = time.monotonic() + within_s
+    try:
+        while not seen.endswith(b"0\r\n\r\n"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            sock.settimeout(left)
+            data = sock.recv(4096)
+            if not data:
+                break
+            seen += data
+    except TimeoutError:
+        return False
+    finally:
+        sock.close()
+    return True
+
+
 def _sighup_and_wait_for(server: ServerProcess, event: str) -> str:
     seen = server.stderr_path.read_text().count(event)
     server.proc.send_signal(signal.SIGHUP)
@@ -52,10 +89,12 @@ def test_sighup_reads_the_tokens_again_and_keeps_them_when_the_file_is_wrong(tmp
         assert _status(server, NEW) == 401
         session = _post(server, OLD).headers["mcp-session-id"]
         assert _post(server, OLD, session).status_code == 200
+        stream = _open_get_stream(server, OLD, session)
         tokens.write_text(_tokens(("new", NEW)))  # OLD leaked: revoked, NEW handed out
         _sighup_and_wait_for(server, '"tokens_reloaded"')
         assert _status(server, OLD) == 401  # a match remembered before is forgotten too
         assert _post(server, OLD, session).status_code == 401  # and its session with it
+        assert _ends(stream)  # and the stream its principal opened
         assert _status(server, NEW) == 200
         tokens.write_text("[[tokens]]\nprincipal = 3\n")  # broken: the tokens in use stay
         text = _sighup_and_wait_for(server, '"tokens_reload_failed"')
