@@ -41,13 +41,14 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
 from runtime.egress_rules import Entry, ip_literal, normalize_host
 from runtime.egress_tls import CA_VARS, EgressCA, EgressTLSError
+from runtime.logs import log
 from sandbox.isolation.egress import NO_PROXY_VARS, PROXY_VARS
 
 #: What the worker sees in place of a value.
@@ -225,14 +226,18 @@ class PluginSecrets:
     bindings: tuple[Binding, ...]
     #: The daemon's egress CA (its leaves for the bound hosts, the upstream context, the workers' bundle).
     ca: EgressCA | None = None
+    #: The binding with the operator's current value (``SecretStore.current``): a value kept in a file
+    #: is read again when the file changed, so a rotated secret is used from the next connection.
+    current: Callable[[Binding], Binding] | None = field(default=None, repr=False, compare=False)
 
     def for_host(self, host: str) -> tuple[Binding, ...]:
-        """The bindings whose host is ``host`` (as a CONNECT names it)."""
+        """The bindings whose host is ``host`` (as a CONNECT names it), with their current values."""
         try:
             name = normalize_host(host)
         except ValueError:
             return ()
-        return tuple(b for b in self.bindings if b.host == name)
+        found = tuple(b for b in self.bindings if b.host == name)
+        return tuple(self.current(b) for b in found) if self.current is not None else found
 
     def worker_env(self) -> dict[str, str]:
         """What the worker's environment gets: each secret's placeholder, and the CA bundle it trusts."""
@@ -304,6 +309,10 @@ class SecretStore:
         self.environ = environ
         self._key = secrets.token_bytes(32)
         self._ca: EgressCA | None = None
+        #: Values kept in files, by secret name: the file's stat signature when read, and the value.
+        self._read: dict[str, tuple[tuple[int, int, int, int], bytes]] = {}
+        #: The last problem reading each secret again (said once, not at every connection).
+        self._reread_problem: dict[str, str] = {}
 
     def ca(self) -> EgressCA:
         """The egress CA, made or read on first use; raises ``SecretError``."""
@@ -313,6 +322,43 @@ class SecretStore:
             except EgressTLSError as exc:
                 raise SecretError(f"secrets: {exc}") from None
         return self._ca
+
+    def _path_of(self, src: SecretSource) -> str | None:
+        """The file a value is kept in (None: the daemon's environment, which does not change)."""
+        if src.file is not None:
+            return src.file
+        base = (os.environ if self.environ is None else self.environ).get(CREDENTIALS_DIRECTORY)
+        return os.path.join(base, str(src.credential)) if base and src.credential is not None else None
+
+    def current(self, binding: Binding) -> Binding:
+        """``binding`` with the operator's value as it is now: a file that changed since it was read
+        (a mounted Kubernetes Secret updated in place, a rotated credential) is read again, with the
+        checks of the first read; if that fails, the last good value stays and the problem is logged."""
+        src = self.sources.get(binding.name)
+        path = self._path_of(src) if src is not None else None
+        if src is None or path is None:
+            return binding
+        try:
+            st = os.stat(path)
+            signature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            signature = (0, 0, -1, 0)
+        known = self._read.get(binding.name)
+        if known is not None and known[0] == signature:
+            return binding if known[1] == binding.value else replace(binding, value=known[1])
+        try:
+            value = read_value(binding.name, src, self.environ)
+        except SecretError as exc:
+            if self._reread_problem.get(binding.name) != exc.reason:
+                self._reread_problem[binding.name] = exc.reason
+                log("secret_reread_failed", level="error", secret=binding.name, error=exc.reason,
+                    note="the value read before is used until the file is readable again")
+            return binding if known is None else replace(binding, value=known[1])
+        self._reread_problem.pop(binding.name, None)
+        if known is not None and known[1] != value:
+            log("secret_value_changed", secret=binding.name, note="used from the next connection")
+        self._read[binding.name] = (signature, value)
+        return replace(binding, value=value)
 
     def placeholder(self, plugin: str, name: str) -> bytes:
         digest = hmac.new(self._key, f"{plugin}\0{name}".encode(), hashlib.sha256).hexdigest()[:32]
@@ -343,4 +389,4 @@ class SecretStore:
             bindings.append(Binding(name, host, self.placeholder(plugin, name), value))
         if problems:
             raise SecretError("; ".join(problems))
-        return PluginSecrets(tuple(bindings), self.ca())
+        return PluginSecrets(tuple(bindings), self.ca(), self.current)

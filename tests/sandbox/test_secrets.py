@@ -137,6 +137,36 @@ def test_the_store_refuses_a_secret_the_operator_has_no_value_for_or_allows_else
     assert store.placeholder("q", "A") != store.placeholder("p", "A")
 
 
+def test_a_value_kept_in_a_file_is_read_again_when_the_file_changes_and_kept_when_it_breaks(tmp_path: Path) -> None:
+    """A rotated secret (a mounted Kubernetes Secret updated in place) was read once, at the plugin's
+    load, and sent until a restart. Each bound connection now takes the file's current value; a file
+    that breaks keeps the last good one, said once."""
+    from runtime import logs
+
+    value_file = tmp_path / "gh"
+    value_file.write_text("first-value-1\n")
+    store = SecretStore({"A": SecretSource(file=str(value_file))}, str(tmp_path))
+    bound = store.for_plugin("p", {"A": SecretSpec("api.example.com")})
+    seen: list[dict[str, Any]] = []
+    logs.add_sink(seen.append)
+    try:
+        assert [b.value for b in bound.for_host("api.example.com")] == [b"first-value-1"]
+        value_file.write_text("second-value-22\n")  # another size: a new signature whatever the clock
+        (current,) = bound.for_host("api.example.com")
+        assert current.value == b"second-value-22" and current.placeholder == bound.bindings[0].placeholder
+        assert Masker([current]).feed(b"echo second-value-22 !").startswith(b"echo toolcell-secret-")
+        value_file.unlink()
+        assert [b.value for b in bound.for_host("api.example.com")] == [b"second-value-22"]
+        assert [b.value for b in bound.for_host("api.example.com")] == [b"second-value-22"]
+        value_file.write_text("third-value-333\n")
+        assert [b.value for b in bound.for_host("api.example.com")] == [b"third-value-333"]
+    finally:
+        logs.remove_sink(seen.append)
+    events = [r["event"] for r in seen]
+    assert events.count("secret_reread_failed") == 1 and events.count("secret_value_changed") == 2, events
+    assert not any("value-" in json.dumps(r) for r in seen)  # never a value in the log
+
+
 def test_the_operator_may_name_the_only_plugins_that_may_use_a_secret(tmp_path: Path) -> None:
     store = SecretStore({"A": SecretSource(env="A_VALUE", plugins=["github"])}, str(tmp_path),
                         environ={"A_VALUE": "value-of-a"})
