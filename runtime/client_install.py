@@ -163,8 +163,13 @@ def run_install(args: argparse.Namespace) -> int:
         # The new file would replace the link (a dotfiles manager's link silently becoming a copy), and
         # writing where it leads is not asked for: a `.mcp.json` comes with a cloned repository, and its
         # link may lead anywhere. Named, the file it leads to is written as any other.
+        target = os.path.realpath(path)  # never raises (Path.resolve does, on a loop)
+        if os.path.islink(target):
+            print(f"toolcell install: {path} is a link to {os.readlink(path)}, a loop of links that leads to no "
+                  "file: it is left as it is", file=sys.stderr)
+            return 2
         print(f"toolcell install: {path} is a link to {os.readlink(path)}: it is left as it is; to change the "
-              f"file it leads to, give it: --file {path.resolve()}", file=sys.stderr)
+              f"file it leads to, give it: --file {target}", file=sys.stderr)
         return 2
     try:
         old_text, data = _read(path, client)

@@ -170,6 +170,12 @@ def test_a_client_file_that_is_a_link_is_left_as_it_is_and_the_file_it_leads_to_
     assert out.returncode == 2 and f"is a link to {real}" in out.stderr and f"--file {real}" in out.stderr, out.stderr
     assert link.is_symlink() and json.loads(real.read_text()) == {"mcpServers": {"mine": {"command": "mine"}}}
     assert sorted(p.name for p in (tmp_path / ".cursor").iterdir()) == ["mcp.json"]  # no backup, no temporary file
+    loop = tmp_path / "repo" / ".mcp.json"  # a cloned repository's link to itself
+    loop.parent.mkdir()
+    loop.symlink_to(loop)
+    looped = toolcell("install", "claude-code", home=tmp_path, cwd=loop.parent)
+    assert looped.returncode == 2 and "a loop of links" in looped.stderr and "Traceback" not in looped.stderr, \
+        looped.stderr
     named = toolcell("install", "cursor", "--file", str(real), home=tmp_path, cwd=tmp_path)
     assert named.returncode == 0, named.stderr
     assert link.is_symlink() and set(json.loads(link.read_text())["mcpServers"]) == {"mine", "toolcell"}
