@@ -168,14 +168,12 @@ def read_value(name: str, src: SecretSource, environ: Mapping[str, str] | None =
                               f"[secrets] {name} = {{ env = \"{src.env}\" }})")
         data = raw.encode("utf-8", "surrogateescape")
     else:
-        if src.file is not None:
-            path, what = src.file, f"file {src.file}"
-        else:
-            base = environ.get(CREDENTIALS_DIRECTORY)
-            if not base:
-                raise SecretError(f"secret {name}: credential {src.credential!r} asked for, but ${CREDENTIALS_DIRECTORY} "
-                                  "is not set (run the daemon under systemd with LoadCredential=)")
-            path, what = os.path.join(base, str(src.credential)), f"credential {src.credential} ({base})"
+        path = value_path(src, environ)
+        if path is None:
+            raise SecretError(f"secret {name}: credential {src.credential!r} asked for, but ${CREDENTIALS_DIRECTORY} "
+                              "is not set (run the daemon under systemd with LoadCredential=)")
+        what = f"file {src.file}" if src.file is not None else \
+            f"credential {src.credential} ({os.path.dirname(path)})"
         data = _read_file(name, path, what)
         data = data[:-2] if data.endswith(b"\r\n") else data[:-1] if data.endswith(b"\n") else data
     if not data:
@@ -184,6 +182,15 @@ def read_value(name: str, src: SecretSource, environ: Mapping[str, str] | None =
         raise SecretError(f"secret {name}: the value from the {_source_words(src)} holds a line break, a control or "
                           "a non-ASCII character (it is sent in an HTTP header)")
     return data
+
+
+def value_path(src: SecretSource, environ: Mapping[str, str]) -> str | None:
+    """The file a value is kept in: ``file``, or ``credential`` under ``$CREDENTIALS_DIRECTORY`` (None
+    when that is not set, or for a value from the environment)."""
+    if src.file is not None:
+        return src.file
+    base = environ.get(CREDENTIALS_DIRECTORY)
+    return os.path.join(base, str(src.credential)) if base and src.credential is not None else None
 
 
 def _source_words(src: SecretSource) -> str:
@@ -323,19 +330,13 @@ class SecretStore:
                 raise SecretError(f"secrets: {exc}") from None
         return self._ca
 
-    def _path_of(self, src: SecretSource) -> str | None:
-        """The file a value is kept in (None: the daemon's environment, which does not change)."""
-        if src.file is not None:
-            return src.file
-        base = (os.environ if self.environ is None else self.environ).get(CREDENTIALS_DIRECTORY)
-        return os.path.join(base, str(src.credential)) if base and src.credential is not None else None
-
     def current(self, binding: Binding) -> Binding:
         """``binding`` with the operator's value as it is now: a file that changed since it was read
         (a mounted Kubernetes Secret updated in place, a rotated credential) is read again, with the
         checks of the first read; if that fails, the last good value stays and the problem is logged."""
         src = self.sources.get(binding.name)
-        path = self._path_of(src) if src is not None else None
+        # A value from the daemon's environment does not change: only a file's is looked at again.
+        path = value_path(src, os.environ if self.environ is None else self.environ) if src is not None else None
         if src is None or path is None:
             return binding
         try:

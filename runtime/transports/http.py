@@ -213,12 +213,8 @@ class HttpApp:
             log("tokens_reload_failed", level="error", error=why, note="the tokens in use are kept")
             return
         gone = before - self.auth.static_principals()
-        ended = 0
-        for stream in list(self.listens) + [s.stream for s in self.sessions.sessions.values() if s.stream is not None]:
-            if stream.principal in gone and not stream.closed:
-                # A principal no token names any more: what it opened ends (a request it sends is refused).
-                stream.close(self.core.subscription_end(stream.listen) if stream.listen is not None else None)
-                ended += 1
+        # A principal no token names any more: what it opened ends (a request it sends is refused).
+        ended = self._end_streams(lambda stream: stream.principal in gone)
         log("tokens_reloaded", tokens=len(cfg.http.tokens), principals_removed=sorted(gone)[:50], streams_ended=ended)
 
     # -- ASGI entry ----------------------------------------------------------------------------
@@ -986,11 +982,17 @@ class HttpApp:
     def begin_shutdown(self) -> None:
         """Stop taking requests; end long-lived streams (listens get their completion result)."""
         self.shutting_down = True
-        for stream in list(self.listens):
-            stream.close(self.core.subscription_end(stream.listen) if stream.listen is not None else None)
-        for session in self.sessions.sessions.values():
-            if session.stream is not None:
-                session.stream.close()
+        self._end_streams(lambda _stream: True)
+
+    def _end_streams(self, which: Callable[[PushStream], bool]) -> int:
+        """End the open long-lived streams ``which`` picks (listens get their completion result);
+        how many it ended."""
+        ended = 0
+        for stream in list(self.listens) + [s.stream for s in self.sessions.sessions.values() if s.stream is not None]:
+            if not stream.closed and which(stream):
+                stream.close(self.core.subscription_end(stream.listen) if stream.listen is not None else None)
+                ended += 1
+        return ended
 
     async def wake_slow_calls(self) -> None:
         """End the quick wait of calls still running after QUICK_WAIT_S, so that they start
